@@ -1,0 +1,179 @@
+"""Atomic checkpoints in the data directory, verified when loaded.
+
+Layout::
+
+    <data-dir>/checkpoints/round-000010/weights.safetensors   trainable weights
+                                        optimizer.pt          optimiser state
+                                        state.json            round, seed, curriculum, ...
+                                        MANIFEST.json         sha256 of each file (last)
+    <data-dir>/checkpoints/LATEST                             "round-000010"
+
+A checkpoint is written under a temporary name, fsynced, then renamed; LATEST is
+replaced atomically after that. A crash at any point leaves the previous checkpoint
+intact. Loading checks the manifest's hashes and the model fingerprint: a corrupt or
+foreign checkpoint raises CheckpointError, never a silent restart from scratch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+FORMAT = 1
+WEIGHTS = "weights.safetensors"
+OPTIMIZER = "optimizer.pt"
+STATE = "state.json"
+MANIFEST = "MANIFEST.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be used; the message says why and what to do."""
+
+
+@dataclass
+class Checkpoint:
+    """What a node resumes from."""
+
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    state: dict[str, Any]
+    path: Path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that readers see the old or the new file, whole."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+class CheckpointStore:
+    """Writes, finds, verifies and prunes the checkpoints of one data directory."""
+
+    def __init__(self, data_dir: Path, keep: int = 2) -> None:
+        self.root = data_dir / "checkpoints"
+        self.keep = keep
+
+    def save(
+        self,
+        round_: int,
+        weights: dict[str, torch.Tensor],
+        optimizer: dict[str, Any],
+        state: dict[str, Any],
+    ) -> Path:
+        """Write a checkpoint of ``round_`` atomically and point LATEST at it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        name = f"round-{round_:06d}"
+        final = self.root / name
+        tmp = self.root / f".{name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir()
+            save_file(weights, str(tmp / WEIGHTS), metadata={"format": str(FORMAT)})
+            torch.save(optimizer, tmp / OPTIMIZER)
+            (tmp / STATE).write_text(
+                json.dumps({"format": FORMAT, **state}, indent=1), encoding="utf-8"
+            )
+            files = {f: _sha256(tmp / f) for f in (WEIGHTS, OPTIMIZER, STATE)}
+            (tmp / MANIFEST).write_text(json.dumps({"files": files}), encoding="utf-8")
+            for f in (*files, MANIFEST):
+                _fsync_file(tmp / f)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            write_text_atomic(self.root / "LATEST", name + "\n")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._prune(keep_name=name)
+        return final
+
+    def _prune(self, keep_name: str) -> None:
+        done = sorted(p for p in self.root.glob("round-*") if p.is_dir())
+        for old in done[: max(0, len(done) - self.keep)]:
+            if old.name != keep_name:
+                shutil.rmtree(old, ignore_errors=True)
+        for stale in self.root.glob(".round-*.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def latest(self) -> Path | None:
+        """The checkpoint LATEST names, or None for a data dir without checkpoints."""
+        pointer = self.root / "LATEST"
+        if not pointer.exists():
+            if any(self.root.glob("round-*")):
+                raise CheckpointError(
+                    f"{self.root} holds checkpoints but no LATEST file; restore it "
+                    "(e.g. echo round-000010 > LATEST) or move the directory away"
+                )
+            return None
+        name = pointer.read_text(encoding="utf-8").strip()
+        path = self.root / name
+        if not name.startswith("round-") or "/" in name or not path.is_dir():
+            raise CheckpointError(f"{pointer} names {name!r}, which is not a checkpoint here")
+        return path
+
+    def load(self, path: Path, fingerprint: dict[str, Any]) -> Checkpoint:
+        """Verify and read a checkpoint made for a node with ``fingerprint``."""
+        try:
+            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+            for name, digest in manifest["files"].items():
+                if _sha256(path / name) != digest:
+                    raise CheckpointError(
+                        f"checkpoint {path} is corrupt: {name} does not match its hash; "
+                        "remove this checkpoint directory and point LATEST at an older one"
+                    )
+            state = json.loads((path / STATE).read_text(encoding="utf-8"))
+            weights = load_file(str(path / WEIGHTS))
+            optimizer = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
+        except CheckpointError:
+            raise
+        except (OSError, KeyError, ValueError, TypeError, SafetensorError, RuntimeError) as exc:
+            raise CheckpointError(f"checkpoint {path} cannot be read: {exc}") from None
+        if state.get("format") != FORMAT:
+            raise CheckpointError(
+                f"checkpoint {path} has format {state.get('format')!r}, expected {FORMAT}"
+            )
+        theirs = state.get("fingerprint", {})
+        if theirs != fingerprint:
+            raise CheckpointError(
+                f"checkpoint {path} was made for {theirs}, this node runs {fingerprint}; "
+                "use the same --model (and LoRA setting) or another --data-dir"
+            )
+        return Checkpoint(weights, optimizer, state, path)

@@ -1,0 +1,222 @@
+"""The ``sapo-node`` command line.
+
+Usage errors (unknown options, bad values, a missing or invalid config file) print one
+line and exit with code 2; runtime failures (a model that cannot be loaded, an unusable
+checkpoint, a data directory in use) print one line and exit with code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+
+try:  # typer >= 0.20 vendors its own click
+    from typer._click import exceptions as _typer_click
+except ImportError:  # pragma: no cover
+    _typer_click = click.exceptions
+
+_USAGE_ERRORS = (click.UsageError, _typer_click.UsageError)
+_CLICK_ERRORS = (click.ClickException, _typer_click.ClickException)
+_ABORTS = (click.exceptions.Abort, typer.Abort)
+
+from sapo_node import __version__
+from sapo_node.config import ConfigError, load_config
+
+app = typer.Typer(
+    name="sapo-node",
+    help="A SAPO swarm node: trains a language model with GRPO on verifiable ReasoningGym "
+    "tasks, mixing its own rollouts with those its peers share.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+    mps = "mps"
+
+
+class UsageProblem(click.UsageError):
+    """A bad value found after parsing (exit code 2)."""
+
+
+def _overrides(**flags: Any) -> dict[str, Any]:
+    """CLI flags that were given, as a nested config override."""
+    where = {
+        "model": ("model", "name"),
+        "data_dir": ("node", "data_dir"),
+        "rounds": ("node", "rounds"),
+        "device": ("node", "device"),
+        "seed": ("node", "seed"),
+        "json_logs": ("node", "json_logs"),
+        "local": ("train", "local_groups"),
+        "external": ("train", "external_groups"),
+        "lora": ("model", "lora", "enabled"),
+    }
+    out: dict[str, Any] = {}
+    for name, value in flags.items():
+        if value is None:
+            continue
+        *path, leaf = where[name]
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value.value if isinstance(value, Enum) else value
+    return out
+
+
+def _config(config_file: Path | None, **flags: Any):
+    try:
+        return load_config(config_file, _overrides(**flags))
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+@app.command()
+def start(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML config file (see configs/).")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="'embedded' (default), a local model directory or a Hugging Face id."),
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="State directory: checkpoints, metrics, model cache.")
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(min=0, help="Stop after N rounds in total (0: until stopped).")
+    ] = None,
+    local: Annotated[int | None, typer.Option(min=0, help="I: own tasks per round.")] = None,
+    external: Annotated[
+        int | None, typer.Option(min=0, help="J: peers' groups per round.")
+    ] = None,
+    device: Annotated[
+        Device | None, typer.Option(help="Compute device; auto picks CUDA, then MPS, then CPU.")
+    ] = None,
+    lora: Annotated[
+        bool | None, typer.Option("--lora/--no-lora", help="Train LoRA adapters or all weights.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Base seed of tasks and sampling.")] = None,
+    json_logs: Annotated[
+        bool | None, typer.Option("--json-logs", help="Log JSON lines (for machines).")
+    ] = None,
+) -> None:
+    """Start a node: load the model, then run rounds until stopped (Ctrl-C saves and exits)."""
+    cfg = _config(
+        config, model=model, data_dir=data_dir, rounds=rounds, local=local, external=external,
+        device=device, lora=lora, seed=seed, json_logs=json_logs,
+    )
+    from sapo_node.logs import configure_logging
+
+    configure_logging(cfg.node.json_logs)
+    import structlog
+
+    log = structlog.get_logger("sapo_node.cli")
+    from sapo_node.checkpoint import CheckpointError
+    from sapo_node.node import DataDirInUse, Node
+    from sapo_node.policy import ModelLoadError
+
+    log.info("config", **json.loads(cfg.model_dump_json()))
+    stop = threading.Event()
+    try:
+        node = Node(cfg, stop=stop)
+    except (ModelLoadError, DataDirInUse) as exc:
+        _fail(str(exc))
+    log.info(
+        "node ready",
+        model=cfg.model.name,
+        device=str(node.policy.device),
+        dtype=str(node.policy.dtype).removeprefix("torch."),
+        lora=cfg.model.lora.enabled,
+        data_dir=str(node.data_dir),
+        seed=node.seed,
+        version=__version__,
+    )
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.warning("stopping: finishing cleanly (signal again to abort)",
+                    signal=signal.Signals(signum).name)
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        done = node.run()
+    except CheckpointError as exc:
+        _fail(str(exc))
+    finally:
+        node.close()
+    log.info("stopped", rounds_this_run=done, round=node.round)
+
+
+@app.command()
+def plot(
+    metrics: Annotated[Path, typer.Argument(help="A metrics.jsonl file.", exists=True,
+                                            dir_okay=False)],
+    out: Annotated[Path | None, typer.Option(help="Output directory (default: beside it).")] = None,
+    window: Annotated[int, typer.Option(min=1, help="Moving-average window in rounds.")] = 10,
+) -> None:
+    """Turn a metrics file into PNG curves (reward with a moving average, cumulative reward)."""
+    from sapo_node.plot import plot_metrics
+
+    try:
+        paths = plot_metrics(metrics, out or metrics.parent, window)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
+    for p in paths:
+        typer.echo(str(p))
+
+
+@app.command("config")
+def show_config(
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
+) -> None:
+    """Print the resolved config (file, environment and defaults) as JSON."""
+    typer.echo(_config(config).model_dump_json(indent=2))
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"sapo-node: error: {message}", err=True)
+    raise SystemExit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: click's usage errors become one line and exit code 2."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="sapo-node", standalone_mode=False)
+    except _USAGE_ERRORS as exc:
+        typer.echo(f"sapo-node: error: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except _ABORTS:
+        sys.exit(130)
+    except _CLICK_ERRORS as exc:
+        typer.echo(f"sapo-node: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

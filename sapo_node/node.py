@@ -1,0 +1,385 @@
+"""The round loop of one SAPO node: Algorithm 1 of the paper.
+
+Every round r the node
+  1. takes up to J groups from the pool of what peers shared (already regenerated and
+     scored by this node's own verifier when they arrived),
+  2. samples I + (J - taken) tasks of its own from its curriculum,
+  3. generates L completions per task in batched calls,
+  4. scores them with its own verifier in a sandboxed worker,
+  5. shares them (the swarm's transport plugs in here),
+  6. computes group advantages and drops groups without signal,
+  7. takes one GRPO step (or ppo_epochs steps) on the mix, and
+  8. records metrics, moves the curriculum, and checkpoints every N rounds.
+
+Departures from the paper, and why:
+- External groups are taken at the start of the round, not after generation, so that
+  missing external slots are filled with own tasks in the same batched generate call.
+- Groups whose rewards are all equal are dropped before the update: their advantage
+  is zero, so they would cost a forward/backward pass for no gradient.
+- A curriculum moves each family's difficulty (the paper fixed it): the small models
+  this daemon targets get no reward at all at ReasoningGym's default difficulty.
+- Seeds derive from (node seed, round), so a resumed node replays the same stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from sapo_node import __version__, grpo
+from sapo_node.checkpoint import CheckpointStore, write_text_atomic
+from sapo_node.config import Config
+from sapo_node.curriculum import Curriculum
+from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
+from sapo_node.policy import Policy, load_policy
+from sapo_node.pool import MemoryPool, Pool, PooledGroup, SharedGroup
+from sapo_node.tasks import Scorer, Task, build_messages, extract_answer, make_task
+from sapo_node.trainer import Sample, Trainer, TrainStats
+
+log = structlog.get_logger(__name__)
+
+
+class Stopped(Exception):
+    """A stop was requested mid-round; the round is abandoned, not recorded."""
+
+
+class DataDirInUse(RuntimeError):
+    """Another process holds this data directory."""
+
+
+@dataclass
+class Group:
+    """One task with its completions and this node's rewards for them."""
+
+    task: Task
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    texts: list[str]
+    rewards: list[float] = field(default_factory=list)
+    origin: str = "local"
+
+
+def training_samples(groups: Sequence[Group], scale: str) -> list[Sample]:
+    """GRPO samples of every group with signal, with group-normalised advantages."""
+    samples = []
+    for g in groups:
+        rewards = torch.tensor([g.rewards], dtype=torch.float32)
+        if not bool(grpo.group_has_signal(rewards)[0]):
+            continue
+        adv = grpo.group_advantages(rewards, scale=scale)[0].tolist()
+        samples += [
+            Sample(g.prompt_ids, ids, a) for ids, a in zip(g.completion_ids, adv, strict=True)
+        ]
+    return samples
+
+
+class Timer:
+    """Wall-clock seconds per named phase."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+class Node:
+    """A node: policy, tasks, scorer, trainer, pool and state, driven round by round."""
+
+    def __init__(
+        self, config: Config, *, pool: Pool | None = None, stop: threading.Event | None = None
+    ) -> None:
+        self.config = config
+        self.stop = stop or threading.Event()
+        self.data_dir = config.node.resolved_data_dir()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_data_dir(self.data_dir)
+        self.seed = _node_seed(self.data_dir, config.node.seed)
+        if config.node.threads:
+            torch.set_num_threads(config.node.threads)
+        m = config.model
+        self.policy: Policy = load_policy(
+            m.name,
+            device=config.node.device,
+            dtype=m.dtype,
+            lora=m.lora,
+            cache_dir=self.data_dir / "models",
+            gradient_checkpointing=m.gradient_checkpointing,
+        )
+        sc = config.scoring
+        self.scorer = Scorer(
+            reward=config.tasks.reward,
+            correct_threshold=config.tasks.correct_threshold,
+            max_completion_chars=sc.max_completion_chars,
+            timeout_s=sc.timeout_s,
+            memory_mb=sc.memory_mb,
+        )
+        self.curriculum = Curriculum(config.tasks.families, config.curriculum)
+        self.trainer = Trainer(self.policy, config.train, config.generation.max_new_tokens)
+        self.pool: Pool = pool or MemoryPool(config.pool.max_groups, config.pool.sampling)
+        self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
+        self.store = CheckpointStore(self.data_dir, keep=config.node.keep_checkpoints)
+        self.round = 0
+        self.cumulative_reward = 0.0
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def run_round(self, r: int) -> dict[str, Any]:
+        """Algorithm 1, one round; returns the round's metrics."""
+        s, timer = self.config.train, Timer()
+        with timer("round"):
+            external = self.pool.sample(s.external_groups, random.Random(f"{self.seed}:pool:{r}"))
+            n_local = s.local_groups + s.external_groups - len(external)
+            tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
+            with timer("generate"):
+                local, new_tokens = self._generate(tasks, r)
+            with timer("score"):
+                self._score(local)
+            self._share(local)
+            groups = local + [self._as_group(p) for p in external]
+            with timer("train"):
+                samples = training_samples(groups, s.advantage_scale)
+                stats = self.trainer.step(samples, should_stop=self.stop.is_set)
+            if stats is None:
+                raise Stopped
+            moves = {g.task.ref.family: self.curriculum.record(g.task.ref.family, g.rewards)
+                     for g in local}
+        return self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
+
+    def run(self) -> int:
+        """Run rounds until the configured total or a stop; save on the way out."""
+        self.resume()
+        target = self.config.node.rounds
+        done_here = 0
+        try:
+            while not self.stop.is_set() and (target == 0 or self.round < target):
+                try:
+                    record = self.run_round(self.round)
+                except Stopped:
+                    break
+                self.metrics.append(record)
+                self.round += 1
+                done_here += 1
+                _log_round(record)
+                if self.round % self.config.node.checkpoint_every == 0:
+                    self.save()
+        finally:
+            if done_here and self.round % self.config.node.checkpoint_every != 0:
+                self.save()
+        return done_here
+
+    # --- phases ----------------------------------------------------------------------
+
+    def _generate(self, tasks: Sequence[Task], r: int) -> tuple[list[Group], int]:
+        t = self.config.tasks
+        torch.manual_seed(_derive(self.seed, "generate", r))
+        prompts = [
+            self.policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
+            for task in tasks
+        ]
+        n = self.config.generation.completions_per_task
+        out = self.policy.generate(
+            prompts, self.config.generation, n=n, should_stop=self.stop.is_set
+        )
+        if self.stop.is_set():
+            raise Stopped
+        groups = [
+            Group(task, prompt, ids, texts)
+            for task, prompt, ids, texts in zip(tasks, prompts, out.ids, out.texts, strict=True)
+        ]
+        return groups, out.new_tokens
+
+    def _score(self, groups: Sequence[Group]) -> None:
+        for g in groups:
+            g.rewards = [res.reward for res in self.scorer.score(g.task, g.texts)]
+            if self.stop.is_set():
+                raise Stopped
+
+    def _share(self, groups: Sequence[Group]) -> None:
+        """Publish this round's groups to peers: the swarm's transport plugs in here."""
+
+    def _as_group(self, pooled: PooledGroup) -> Group:
+        """A peer's group in this node's own tokenizer and chat template."""
+        t = self.config.tasks
+        task = make_task(pooled.group.ref)
+        prompt = self.policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
+        limit = self.config.generation.max_new_tokens
+        ids = [self.policy.encode_completion(c)[:limit] for c in pooled.group.completions]
+        return Group(task, prompt, ids, list(pooled.group.completions), list(pooled.rewards),
+                     origin=pooled.group.author)
+
+    def receive(self, shared: SharedGroup) -> PooledGroup | None:
+        """Check a peer's group against our own regeneration, score it ourselves, pool it."""
+        try:
+            task = make_task(shared.ref)
+        except Exception as exc:  # a peer's reference may name anything
+            log.info("group refused", author=shared.author, reason=f"cannot regenerate: {exc}")
+            return None
+        if task.question != shared.question:
+            log.info("group refused", author=shared.author, reason="question does not match")
+            return None
+        rewards = tuple(r.reward for r in self.scorer.score(task, list(shared.completions)))
+        pooled = PooledGroup(shared, rewards)
+        self.pool.add(pooled)
+        return pooled
+
+    # --- record and state --------------------------------------------------------------
+
+    def _record(self, r, local, groups, stats: TrainStats, new_tokens, seconds, moves):
+        own = [x for g in local for x in g.rewards]
+        reward_mean = sum(own) / len(own) if own else 0.0
+        self.cumulative_reward += reward_mean
+        rec: dict[str, Any] = {
+            "round": r,
+            "time": round(time.time(), 3),
+            "reward_mean": reward_mean,
+            "cumulative_reward": self.cumulative_reward,
+            "local_groups": len(local),
+            "external_groups": len(groups) - len(local),
+            "groups_trained": sum(1 for g in groups if len(set(g.rewards)) > 1),
+            "answer_tag_rate": _mean([extract_answer(x) is not None for g in local for x in g.texts]),
+            "pool_size": len(self.pool),
+        }
+        for fam in sorted({g.task.ref.family for g in local}):
+            rec[f"reward/{fam}"] = _mean([x for g in local if g.task.ref.family == fam
+                                          for x in g.rewards])
+        for fam, level in self.curriculum.level.items():
+            rec[f"level/{fam}"] = level
+        rec.update({
+            "curriculum_moves": {k: v for k, v in moves.items() if v},
+            "t_generate": seconds.get("generate", 0.0),
+            "t_score": seconds.get("score", 0.0),
+            "t_train": seconds.get("train", 0.0),
+            "t_round": seconds.get("round", 0.0),
+            "new_tokens": new_tokens,
+            "tokens_per_s": new_tokens / max(seconds.get("generate", 0.0), 1e-9),
+            "train/sequences": stats.sequences,
+            "train/tokens": stats.tokens,
+            "train/loss": stats.loss,
+            "train/clip_frac": stats.clip_frac,
+            "train/kl": stats.kl,
+            "train/grad_norm": stats.grad_norm,
+            "peak_rss_mb": peak_rss_mb(),
+            "peak_gpu_mb": peak_gpu_mb(self.policy.device),
+        })
+        return rec
+
+    def save(self) -> None:
+        """Checkpoint the completed rounds; a failure is logged and training goes on."""
+        state = {
+            "round": self.round,
+            "seed": self.seed,
+            "cumulative_reward": self.cumulative_reward,
+            "curriculum": self.curriculum.state_dict(),
+            "metrics_offset": self.metrics.offset(),
+            "fingerprint": self.config.fingerprint(),
+            "sapo_node": __version__,
+            "time": time.time(),
+        }
+        try:
+            path = self.store.save(
+                self.round, self.policy.trainable_state(), self.trainer.optimizer.state_dict(),
+                state,
+            )
+        except OSError as exc:
+            log.error("checkpoint failed; the previous one is kept", error=str(exc))
+            return
+        log.info("checkpoint saved", round=self.round, path=str(path))
+
+    def resume(self) -> None:
+        """Load the latest checkpoint, if any (CheckpointError if it is unusable)."""
+        path = self.store.latest()
+        if path is None:
+            if self.metrics.offset():
+                log.warning("metrics without a checkpoint: starting over", path=str(self.metrics.path))
+                self.metrics.truncate(0)
+            return
+        ckpt = self.store.load(path, self.config.fingerprint())
+        try:
+            self.policy.load_trainable_state(ckpt.weights)
+            self.trainer.optimizer.load_state_dict(ckpt.optimizer)
+        except ValueError as exc:
+            from sapo_node.checkpoint import CheckpointError
+
+            raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from None
+        st = ckpt.state
+        self.round = int(st["round"])
+        self.cumulative_reward = float(st["cumulative_reward"])
+        self.curriculum.load_state_dict(st["curriculum"])
+        self.metrics.truncate(int(st["metrics_offset"]))
+        log.info("resumed", round=self.round, checkpoint=str(path))
+
+    def close(self) -> None:
+        self.scorer.close()
+        with contextlib.suppress(OSError):
+            self._lock.close()
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values)) / len(values) if values else 0.0
+
+
+def _derive(seed: int, *parts: object) -> int:
+    """A 63-bit seed from the node seed and a purpose (stable across processes)."""
+    return random.Random(":".join(map(str, (seed, *parts)))).getrandbits(63)
+
+
+def _node_seed(data_dir: Path, configured: int | None) -> int:
+    """The configured seed, else the one drawn at first start and kept in node.json."""
+    path = data_dir / "node.json"
+    stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    seed = configured if configured is not None else stored.get("seed")
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    if stored.get("seed") != seed:
+        write_text_atomic(path, json.dumps({**stored, "seed": seed}) + "\n")
+    return int(seed)
+
+
+def _lock_data_dir(data_dir: Path):
+    handle = (data_dir / "lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise DataDirInUse(
+            f"data directory {data_dir} is in use by another sapo-node; stop it or pass "
+            "another --data-dir"
+        ) from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def _log_round(rec: dict[str, Any]) -> None:
+    log.info(
+        "round",
+        round=rec["round"],
+        reward=round(rec["reward_mean"], 3),
+        cumulative=round(rec["cumulative_reward"], 2),
+        tags=round(rec["answer_tag_rate"], 2),
+        groups=f"{rec['local_groups']}+{rec['external_groups']}",
+        trained=rec["train/sequences"],
+        levels=" ".join(f"{k[6:]}={v}" for k, v in rec.items() if k.startswith("level/")),
+        tok_s=round(rec["tokens_per_s"], 1),
+        t=f"{rec['t_generate']:.1f}/{rec['t_score']:.1f}/{rec['t_train']:.1f}s",
+        rss_mb=round(rec["peak_rss_mb"]),
+    )

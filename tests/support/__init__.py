@@ -1,0 +1,1 @@
+"""Test helpers importable by the tests, by spawned scoring workers and by subprocesses."""

@@ -1,0 +1,44 @@
+"""Task families for tests, importable in the sandboxed scoring worker."""
+
+from __future__ import annotations
+
+import time
+
+from sapo_node.tasks import Task, TaskRef
+
+
+class Sevens:
+    """A trivially verifiable task: the reward is the share of '7' among the characters.
+
+    A random tiny model writes about 1% sevens; a policy that learns writes only sevens.
+    """
+
+    def make(self, ref: TaskRef) -> Task:
+        return Task(ref, f"Write sevens ({ref.index}).", "7777")
+
+    def score(self, task: Task, completion: str) -> float:
+        text = completion.strip()
+        return text.count("7") / len(text) if text else 0.0
+
+
+class Hangs:
+    """A verifier that never returns."""
+
+    def make(self, ref: TaskRef) -> Task:
+        return Task(ref, "Wait.", "0")
+
+    def score(self, task: Task, completion: str) -> float:
+        while True:
+            time.sleep(0.01)
+
+
+class Crashes:
+    """A verifier that kills its process."""
+
+    def make(self, ref: TaskRef) -> Task:
+        return Task(ref, "Crash.", "0")
+
+    def score(self, task: Task, completion: str) -> float:
+        import os
+
+        os._exit(7)

@@ -1,0 +1,53 @@
+"""A tiny causal LM with a character-level tokenizer and a chat template, built offline."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tiny_model(path: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
+    """Write a random-weight Llama (~100 k parameters) and its tokenizer to ``path``."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=vocab["<|im_start|>"],
+        eos_token_id=vocab["<|im_end|>"],
+        pad_token_id=vocab["<pad>"],
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
