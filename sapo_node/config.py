@@ -222,7 +222,12 @@ class ScoringSection(_Section):
     """The sandbox that runs verifiers on model output."""
 
     timeout_s: float = Field(2.0, gt=0.0, le=600.0, description="Wall time per completion.")
-    memory_mb: int = Field(1024, ge=256, le=1_000_000, description="Address-space limit.")
+    memory_mb: int = Field(
+        1024,
+        ge=64,
+        le=1_000_000,
+        description="Memory a verifier may allocate beyond the worker's size after start-up.",
+    )
     max_completion_chars: int = Field(
         4096, ge=16, le=1_000_000, description="Completions are cut to this length first."
     )

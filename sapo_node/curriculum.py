@@ -20,6 +20,7 @@ from sapo_node.tasks import TaskRef
 
 # Room for this many tasks per round in the index space of one node's seed.
 TASKS_PER_ROUND_STRIDE = 4096
+MAX_GLOBAL_LEVELS = 32
 
 
 def reasoning_gym_levels(name: str) -> list[dict[str, Any]]:
@@ -36,11 +37,14 @@ def reasoning_gym_levels(name: str) -> list[dict[str, Any]]:
             fields += [attr.lower_field_name, attr.upper_field_name]
         elif isinstance(attr, ScalarAttributeDefinition):
             fields.append(attr.field_name)
-    levels = []
-    for level in range(curriculum.get_max_level() + 1):
+    levels: list[dict[str, Any]] = []
+    for level in range(MAX_GLOBAL_LEVELS):  # until a level adds nothing new
         curriculum.set_global_level(level)
         generated = dataclasses.asdict(curriculum.generate_configuration())
-        levels.append({f: _jsonable(generated[f]) for f in fields})
+        config = {f: _jsonable(generated[f]) for f in fields}
+        if levels and config == levels[-1]:
+            break
+        levels.append(config)
     return levels
 
 

@@ -223,12 +223,15 @@ def safe_int_eval(expression: str) -> int:
 
     Accepts int literals (any base Python accepts), unary ``+``/``-``, binary ``+ - * << >>``
     and parentheses; gives what ``eval`` gives on them.  Raises ValueError for anything else,
-    for shift amounts outside ``[0, MAX_SHIFT]`` and for values over ``MAX_INT_BITS`` bits,
-    and SyntaxError (like ``eval``) for text that does not parse.
+    for shift amounts outside ``[0, MAX_SHIFT]``, for values over ``MAX_INT_BITS`` bits and for
+    expressions too long or deep, and SyntaxError (like ``eval``) for text that does not parse.
     """
     if len(expression) > MAX_PROBLEM_CHARS:
         raise ValueError(f"expression of {len(expression)} chars is too long")
-    tree = ast.parse(expression.lstrip(" \t"), mode="eval")
+    try:
+        tree = ast.parse(expression.lstrip(" \t"), mode="eval")
+    except RecursionError:
+        raise ValueError("expression too deeply nested") from None
 
     def value(node: ast.AST) -> int:
         if isinstance(node, ast.Constant):
@@ -257,7 +260,10 @@ def safe_int_eval(expression: str) -> int:
             raise ValueError("intermediate value too large")
         return result
 
-    return value(tree.body)
+    try:
+        return value(tree.body)
+    except RecursionError:
+        raise ValueError("expression too deeply nested") from None
 
 
 def score_bitwise_arithmetic(dataset: Any, answer: str | None, entry: dict[str, Any]) -> float:

@@ -24,7 +24,9 @@ each call:
   execution of source text (``eval``/``exec``/``compile``) except by a small allowlist of
   trusted stdlib modules (imports, ``dataclasses``, ``namedtuple``, ``ast.parse``, ...).  Any
   blocked attempt during a call makes the call's result ``"blocked: <event>"``, even when the
-  trusted code swallowed the ``PermissionError``.
+  trusted code swallowed the ``PermissionError`` (so code that writes caches or loads native
+  libraries through ``ctypes`` on first use must be imported/run in ``warmup``, before the
+  hook is installed).
 
 Audit hooks are a tripwire against *text* turning into actions, not a boundary against code
 that already runs in the worker (such code could tamper with the hook's state); the process

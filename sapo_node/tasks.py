@@ -26,7 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
-from sapo_node.sandbox import Sandbox, SandboxLimits
+from sapo_node import safe_verifiers
+from sapo_node.sandbox import DEFAULT_COMPILE_ALLOWLIST, Sandbox, SandboxLimits
 
 log = structlog.get_logger(__name__)
 
@@ -126,11 +127,10 @@ class ReasoningGymFamily:
         return Task(ref, entry["question"], entry["answer"], entry["metadata"])
 
     def score(self, task: Task, completion: str) -> float:
-        from sapo_node.safe_verifiers import score_answer
-
         entry = {"question": task.question, "answer": task.answer, "metadata": task.metadata}
         dataset = _dataset(task.ref.family, task.ref.config_json, task.ref.seed)
-        return float(score_answer(self.name, dataset, extract_answer(completion), entry))
+        answer = extract_answer(completion)
+        return float(safe_verifiers.score_answer(self.name, dataset, answer, entry))
 
 
 @functools.lru_cache(maxsize=256)
@@ -183,10 +183,6 @@ def score_in_worker(task: Task, completion: str) -> float:
     return min(1.0, max(0.0, float(score)))
 
 
-def _warm_worker() -> None:
-    import reasoning_gym  # noqa: F401  (slow import, done before the guard is armed)
-
-
 @dataclass(frozen=True)
 class ScoreResult:
     """Reward of one completion, and why it is 0 when the verifier failed."""
@@ -213,8 +209,14 @@ class Scorer:
         self.max_completion_chars = max_completion_chars
         self._sandbox = Sandbox(
             score_in_worker,
-            SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb),
-            warmup=_warm_worker,
+            SandboxLimits(
+                timeout_s=timeout_s,
+                memory_mb=memory_mb,
+                # sympy's parser compiles text; safe_verifiers vets the text first.
+                compile_allowed_from=DEFAULT_COMPILE_ALLOWLIST
+                | safe_verifiers.TRUSTED_COMPILE_CALLERS,
+            ),
+            warmup=safe_verifiers.warmup,
         )
 
     def _to_reward(self, raw: float) -> float:

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sapo_node.checkpoint import CheckpointError, CheckpointStore
+
+FP = {"model": "m", "lora": False}
+
+
+def _save(store: CheckpointStore, round_: int, value: float = 1.0) -> Path:
+    weights = {"w": torch.full((3, 2), value), "b": torch.zeros(2)}
+    opt = {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    state = {"round": round_, "fingerprint": FP, "curriculum": {"level": {"a": 1}}}
+    return store.save(round_, weights, opt, state)
+
+
+def test_round_trip_and_latest(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2)
+    assert store.latest() is None
+    _save(store, 5, 1.0)
+    _save(store, 10, 2.0)
+    ckpt = store.load(store.latest(), FP)
+    assert ckpt.state["round"] == 10
+    assert torch.equal(ckpt.weights["w"], torch.full((3, 2), 2.0))
+    assert ckpt.optimizer["param_groups"][0]["lr"] == 0.1
+
+
+def test_old_checkpoints_are_pruned(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2)
+    for r in (1, 2, 3, 4):
+        _save(store, r)
+    assert sorted(p.name for p in store.root.glob("round-*")) == ["round-000003", "round-000004"]
+
+
+def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    path = _save(store, 5)
+    data = bytearray((path / "weights.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (path / "weights.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        store.load(store.latest(), FP)
+
+
+def test_truncated_checkpoint(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    path = _save(store, 5)
+    (path / "MANIFEST.json").write_text("{")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        store.load(store.latest(), FP)
+
+
+def test_foreign_checkpoint(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    _save(store, 5)
+    with pytest.raises(CheckpointError, match="use the same --model"):
+        store.load(store.latest(), {"model": "other", "lora": False})
+
+
+def test_missing_latest_pointer_with_checkpoints(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    _save(store, 5)
+    (store.root / "LATEST").unlink()
+    with pytest.raises(CheckpointError, match="no LATEST"):
+        store.latest()
+    (store.root / "LATEST").write_text("../../etc\n")
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        store.latest()
+
+
+def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    store = CheckpointStore(tmp_path)
+    _save(store, 5, 1.0)
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("sapo_node.checkpoint.torch.save", disk_full)
+    with pytest.raises(OSError):
+        _save(store, 10, 2.0)
+    ckpt = store.load(store.latest(), FP)
+    assert ckpt.state["round"] == 5
+    assert not list(store.root.glob(".round-*"))  # no temporary left behind

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from sapo_node import grpo
+from sapo_node.config import LoraSection, TrainSection
+from sapo_node.policy import load_policy
+from sapo_node.trainer import Sample, Trainer, pack
+
+
+@pytest.fixture()
+def policy(tiny_model_dir: Path):
+    torch.manual_seed(0)
+    return load_policy(str(tiny_model_dir), device="cpu", dtype="auto", lora=LoraSection(),
+                       cache_dir=tiny_model_dir)
+
+
+def _samples(n: int = 6) -> list[Sample]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(n):
+        p = torch.randint(4, 90, (3 + i % 3,), generator=g).tolist()
+        c = torch.randint(4, 90, (2 + (i * 5) % 7,), generator=g).tolist()
+        out.append(Sample(p, c, advantage=(-1.0) ** i * (0.5 + i / 10)))
+    return out
+
+
+def test_pack_layout() -> None:
+    packed = pack([Sample([1, 2, 3], [4, 5], 1.0), Sample([6], [7, 8, 9], -1.0)], pad_id=0)
+    assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5, 0], [0, 0, 6, 7, 8, 9]]
+    assert packed.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert packed.position_ids[1, 2:].tolist() == [0, 1, 2, 3]
+    assert packed.targets.tolist() == [[4, 5, 0], [7, 8, 9]]
+    assert packed.mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+
+
+def test_packed_logprobs_equal_unpadded_forward(policy) -> None:
+    samples = _samples()
+    trainer = Trainer(policy, TrainSection(micro_batch_size=4), max_new_tokens=16)
+    mb = pack(samples, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        got = trainer._logprobs(policy.model, mb)
+        for i, s in enumerate(samples):
+            ids = torch.tensor([s.prompt_ids + s.completion_ids])
+            logits = policy.model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]
+            want = torch.log_softmax(logits.float(), -1).gather(
+                -1, torch.tensor(s.completion_ids)[:, None])[:, 0]
+            torch.testing.assert_close(got[i, : len(s.completion_ids)], want, atol=1e-4,
+                                       rtol=1e-4)
+
+
+def _update(policy, samples, **train) -> dict[str, torch.Tensor]:
+    p = copy.deepcopy(policy)
+    Trainer(p, TrainSection(optimizer="adam", lr=1e-2, **train), max_new_tokens=16).step(samples)
+    return {n: t.detach().clone() for n, t in p.model.named_parameters()}
+
+
+@pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
+def test_micro_batching_does_not_change_the_update(policy, norm: str) -> None:
+    samples = _samples()
+    one = _update(policy, samples, micro_batch_size=64, loss_norm=norm)
+    many = _update(policy, samples, micro_batch_size=2, loss_norm=norm)
+    for name in one:
+        torch.testing.assert_close(one[name], many[name], atol=2e-5, rtol=1e-4)
+
+
+def test_update_moves_probability_toward_positive_advantage(policy) -> None:
+    good = Sample([10, 11, 12], [40, 41], 1.0)
+    bad = Sample([10, 11, 12], [50, 51], -1.0)
+    trainer = Trainer(policy, TrainSection(lr=1e-3), max_new_tokens=16)
+
+    def logp(s: Sample) -> float:
+        with torch.no_grad():
+            return float(trainer._logprobs(policy.model, pack([s], 0)).sum())
+
+    before = logp(good), logp(bad)
+    trainer.step([good, bad])
+    assert logp(good) > before[0]
+    assert logp(good) - logp(bad) > before[0] - before[1] + 0.01
+
+
+def test_several_ppo_epochs_make_the_clip_act(policy) -> None:
+    trainer = Trainer(policy, TrainSection(lr=5e-2, ppo_epochs=4), max_new_tokens=16)
+    stats = trainer.step(_samples())
+    assert stats.steps == 4
+    assert stats.clip_frac > 0  # old log-probs are real: later steps' ratios leave the band
+
+
+def test_empty_and_interrupted_steps_change_nothing(policy) -> None:
+    before = {n: t.detach().clone() for n, t in policy.model.named_parameters()}
+    trainer = Trainer(policy, TrainSection(lr=1e-2), max_new_tokens=16)
+    assert trainer.step([]).steps == 0
+    assert trainer.step(_samples(), should_stop=lambda: True) is None
+    for n, t in policy.model.named_parameters():
+        assert torch.equal(before[n], t)
+
+
+def test_kl_to_reference_is_zero_before_any_step(policy) -> None:
+    trainer = Trainer(policy, TrainSection(lr=1e-3, kl_coef=0.1), max_new_tokens=16)
+    stats = trainer.step(_samples())
+    assert stats.kl == pytest.approx(0.0, abs=1e-6)
+    stats = trainer.step(_samples())
+    assert stats.kl > 0
+
+
+def test_lora_trains_only_adapters(tiny_model_dir: Path) -> None:
+    pol = load_policy(str(tiny_model_dir), device="cpu", dtype="auto",
+                      lora=LoraSection(enabled=True, r=4), cache_dir=tiny_model_dir)
+    assert pol.is_lora
+    names = set(pol.trainable_state())
+    assert names and all("lora_" in n for n in names)
+    stats = Trainer(pol, TrainSection(lr=1e-2), max_new_tokens=16).step(_samples())
+    assert stats.steps == 1 and stats.grad_norm > 0
+
+
+def test_zero_signal_groups_give_no_samples() -> None:
+    from sapo_node.node import Group, training_samples
+
+    flat = Group(task=None, prompt_ids=[1], completion_ids=[[2], [3]], texts=["a", "b"],
+                 rewards=[1.0, 1.0])
+    mixed = Group(task=None, prompt_ids=[1], completion_ids=[[2], [3]], texts=["a", "b"],
+                  rewards=[1.0, 0.0])
+    samples = training_samples([flat, mixed], "std")
+    assert len(samples) == 2
+    adv = torch.tensor([s.advantage for s in samples])
+    torch.testing.assert_close(adv, grpo.group_advantages(torch.tensor([[1.0, 0.0]]))[0])
