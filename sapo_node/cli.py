@@ -146,11 +146,11 @@ def start(
     )
 
     def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():  # a second signal: abort without saving
+            raise SystemExit(128 + signum)
+        stop.set()
         log.warning("stopping: finishing cleanly (signal again to abort)",
                     signal=signal.Signals(signum).name)
-        stop.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)

@@ -107,7 +107,7 @@ class GenerationSection(_Section):
     completions_per_task: int = Field(
         8, ge=2, le=64, description="L: completions per task (one GRPO group)."
     )
-    max_new_tokens: int = Field(96, ge=1, le=8192, description="Longest completion in tokens.")
+    max_new_tokens: int = Field(64, ge=1, le=8192, description="Longest completion in tokens.")
     temperature: float = Field(1.0, gt=0.0, le=5.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     top_k: int = Field(0, ge=0, le=100_000, description="Top-k sampling (0: off).")
@@ -241,7 +241,7 @@ class TrainSection(_Section):
         0, ge=0, le=4096, description="J: peers' groups per round (filled with own if short)."
     )
     optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
-    lr: float = Field(5e-6, gt=0.0, le=1.0, description="Learning rate.")
+    lr: float = Field(1e-5, gt=0.0, le=1.0, description="Learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="Decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
     grad_clip: float = Field(1.0, ge=0.0, le=1e6, description="Max grad norm (0: off).")

@@ -227,6 +227,9 @@ class Node:
 
     def receive(self, shared: SharedGroup) -> PooledGroup | None:
         """Check a peer's group against our own regeneration, score it ourselves, pool it."""
+        if not self._accepts_family(shared.ref.family):
+            log.info("group refused", author=shared.author, reason="unknown family")
+            return None
         try:
             task = make_task(shared.ref)
         except Exception as exc:  # a peer's reference may name anything
@@ -239,6 +242,15 @@ class Node:
         pooled = PooledGroup(shared, rewards)
         self.pool.add(pooled)
         return pooled
+
+    def _accepts_family(self, name: str) -> bool:
+        """ReasoningGym datasets, and custom families only if our own config names them
+        (a peer must never make us import a module of its choosing)."""
+        if name in self.curriculum.families:
+            return True
+        from reasoning_gym.factory import DATASETS
+
+        return ":" not in name and name in DATASETS
 
     # --- record and state --------------------------------------------------------------
 

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sapo_node.cli import main
+from sapo_node.plot import plot_metrics
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["start", "--bogus"], "No such option: --bogus"),
+        (["start", "--rounds", "-1"], "--rounds"),
+        (["start", "--local", "x"], "--local"),
+        (["start", "--device", "tpu"], "--device"),
+        (["start", "--config", "/no/such.toml"], "config file not found"),
+        (["nope"], "No such command"),
+        (["plot", "/no/such/metrics.jsonl"], "does not exist"),
+    ],
+)
+def test_usage_errors_are_one_line_with_exit_code_2(argv, needle, capsys) -> None:
+    code, _, err = _run(argv, capsys)
+    assert code == 2
+    assert needle in err
+    assert err.startswith("sapo-node: error: ") and err.count("\n") == 1
+
+
+def test_invalid_config_values_exit_2(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nlr = -1\n")
+    code, _, err = _run(["start", "--config", str(bad)], capsys)
+    assert code == 2 and "train.lr" in err
+
+
+def test_cli_flags_that_break_cross_checks_exit_2(capsys) -> None:
+    code, _, err = _run(["start", "--local", "0", "--external", "0"], capsys)
+    assert code == 2 and "at least 1" in err
+
+
+def test_help_explains_every_start_option(capsys) -> None:
+    main(["start", "--help"])
+    out = capsys.readouterr().out
+    for opt in ("--config", "--model", "--data-dir", "--rounds", "--local", "--external",
+                "--json-logs", "--device", "--lora", "--seed"):
+        assert opt in out
+
+
+def test_model_that_cannot_be_loaded_exits_1(tmp_path: Path, capsys) -> None:
+    code, _, err = _run(["start", "--model", str(tmp_path / "missing"), "--data-dir",
+                         str(tmp_path / "d")], capsys)
+    assert code == 1
+    assert "model directory not found" in err and "Traceback" not in err
+
+
+def test_config_command_prints_resolved_config(capsys) -> None:
+    main(["config"])
+    assert json.loads(capsys.readouterr().out)["train"]["local_groups"] == 4
+
+
+def test_plot_writes_pngs(tmp_path: Path) -> None:
+    rows = [
+        {"round": r, "reward_mean": r / 10, "cumulative_reward": r * r / 20,
+         "reward/basic_arithmetic": r / 10, "level/basic_arithmetic": r // 3}
+        for r in range(10)
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{torn")
+    written = plot_metrics(path, tmp_path / "plots", window=3)
+    assert [p.name for p in written] == ["reward.png", "cumulative_reward.png", "levels.png"]
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
