@@ -18,6 +18,10 @@ from typing import Annotated, Any
 import click
 import typer
 
+
+from sapo_node import __version__
+from sapo_node.config import ConfigError, load_config
+
 try:  # typer >= 0.20 vendors its own click
     from typer._click import exceptions as _typer_click
 except ImportError:  # pragma: no cover
@@ -26,9 +30,6 @@ except ImportError:  # pragma: no cover
 _USAGE_ERRORS = (click.UsageError, _typer_click.UsageError)
 _CLICK_ERRORS = (click.ClickException, _typer_click.ClickException)
 _ABORTS = (click.exceptions.Abort, typer.Abort)
-
-from sapo_node import __version__
-from sapo_node.config import ConfigError, load_config
 
 app = typer.Typer(
     name="sapo-node",
@@ -99,24 +100,32 @@ def start(
         int | None, typer.Option(min=0, help="Stop after N rounds in total (0: until stopped).")
     ] = None,
     local: Annotated[int | None, typer.Option(min=0, help="I: own tasks per round.")] = None,
-    external: Annotated[
-        int | None, typer.Option(min=0, help="J: peers' groups per round.")
-    ] = None,
+    external: Annotated[int | None, typer.Option(min=0, help="J: peers' groups per round.")] = None,
     device: Annotated[
         Device | None, typer.Option(help="Compute device; auto picks CUDA, then MPS, then CPU.")
     ] = None,
     lora: Annotated[
         bool | None, typer.Option("--lora/--no-lora", help="Train LoRA adapters or all weights.")
     ] = None,
-    seed: Annotated[int | None, typer.Option(min=0, help="Base seed of tasks and sampling.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(min=0, help="Base seed of tasks and sampling.")
+    ] = None,
     json_logs: Annotated[
         bool | None, typer.Option("--json-logs", help="Log JSON lines (for machines).")
     ] = None,
 ) -> None:
     """Start a node: load the model, then run rounds until stopped (Ctrl-C saves and exits)."""
     cfg = _config(
-        config, model=model, data_dir=data_dir, rounds=rounds, local=local, external=external,
-        device=device, lora=lora, seed=seed, json_logs=json_logs,
+        config,
+        model=model,
+        data_dir=data_dir,
+        rounds=rounds,
+        local=local,
+        external=external,
+        device=device,
+        lora=lora,
+        seed=seed,
+        json_logs=json_logs,
     )
     from sapo_node.logs import configure_logging
 
@@ -149,8 +158,10 @@ def start(
         if stop.is_set():  # a second signal: abort without saving
             raise SystemExit(128 + signum)
         stop.set()
-        log.warning("stopping: finishing cleanly (signal again to abort)",
-                    signal=signal.Signals(signum).name)
+        log.warning(
+            "stopping: finishing cleanly (signal again to abort)",
+            signal=signal.Signals(signum).name,
+        )
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -165,8 +176,9 @@ def start(
 
 @app.command()
 def plot(
-    metrics: Annotated[Path, typer.Argument(help="A metrics.jsonl file.", exists=True,
-                                            dir_okay=False)],
+    metrics: Annotated[
+        Path, typer.Argument(help="A metrics.jsonl file.", exists=True, dir_okay=False)
+    ],
     out: Annotated[Path | None, typer.Option(help="Output directory (default: beside it).")] = None,
     window: Annotated[int, typer.Option(min=1, help="Moving-average window in rounds.")] = 10,
 ) -> None:

@@ -11,12 +11,12 @@ Environment overrides use ``SAPO_<SECTION>__<FIELD>`` with a TOML value, for exa
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "SAPO_"
@@ -165,18 +165,48 @@ class TasksSection(_Section):
                 name="basic_arithmetic",
                 config={"allow_parentheses": True, "allow_negation": False},
                 levels=[
-                    {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                     "operators": ["+"]},
-                    {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                     "operators": ["+", "-"]},
-                    {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
-                     "operators": ["+", "-"]},
-                    {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2,
-                     "operators": ["+", "-", "*"]},
-                    {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2,
-                     "operators": ["+", "-", "*"]},
-                    {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 3,
-                     "operators": ["+", "-", "*"]},
+                    {
+                        "min_terms": 2,
+                        "max_terms": 2,
+                        "min_digits": 1,
+                        "max_digits": 1,
+                        "operators": ["+"],
+                    },
+                    {
+                        "min_terms": 2,
+                        "max_terms": 2,
+                        "min_digits": 1,
+                        "max_digits": 1,
+                        "operators": ["+", "-"],
+                    },
+                    {
+                        "min_terms": 2,
+                        "max_terms": 2,
+                        "min_digits": 1,
+                        "max_digits": 2,
+                        "operators": ["+", "-"],
+                    },
+                    {
+                        "min_terms": 2,
+                        "max_terms": 2,
+                        "min_digits": 2,
+                        "max_digits": 2,
+                        "operators": ["+", "-", "*"],
+                    },
+                    {
+                        "min_terms": 2,
+                        "max_terms": 3,
+                        "min_digits": 1,
+                        "max_digits": 2,
+                        "operators": ["+", "-", "*"],
+                    },
+                    {
+                        "min_terms": 3,
+                        "max_terms": 4,
+                        "min_digits": 1,
+                        "max_digits": 3,
+                        "operators": ["+", "-", "*"],
+                    },
                 ],
             )
         ],

@@ -159,8 +159,10 @@ class Node:
                 stats = self.trainer.step(samples, should_stop=self.stop.is_set)
             if stats is None:
                 raise Stopped
-            moves = {g.task.ref.family: self.curriculum.record(g.task.ref.family, g.rewards)
-                     for g in local}
+            moves = {
+                g.task.ref.family: self.curriculum.record(g.task.ref.family, g.rewards)
+                for g in local
+            }
         return self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
 
     def run(self) -> int:
@@ -222,8 +224,14 @@ class Node:
         prompt = self.policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
         limit = self.config.generation.max_new_tokens
         ids = [self.policy.encode_completion(c)[:limit] for c in pooled.group.completions]
-        return Group(task, prompt, ids, list(pooled.group.completions), list(pooled.rewards),
-                     origin=pooled.group.author)
+        return Group(
+            task,
+            prompt,
+            ids,
+            list(pooled.group.completions),
+            list(pooled.rewards),
+            origin=pooled.group.author,
+        )
 
     def receive(self, shared: SharedGroup) -> PooledGroup | None:
         """Check a peer's group against our own regeneration, score it ourselves, pool it."""
@@ -266,31 +274,36 @@ class Node:
             "local_groups": len(local),
             "external_groups": len(groups) - len(local),
             "groups_trained": sum(1 for g in groups if len(set(g.rewards)) > 1),
-            "answer_tag_rate": _mean([extract_answer(x) is not None for g in local for x in g.texts]),
+            "answer_tag_rate": _mean(
+                [extract_answer(x) is not None for g in local for x in g.texts]
+            ),
             "pool_size": len(self.pool),
         }
         for fam in sorted({g.task.ref.family for g in local}):
-            rec[f"reward/{fam}"] = _mean([x for g in local if g.task.ref.family == fam
-                                          for x in g.rewards])
+            rec[f"reward/{fam}"] = _mean(
+                [x for g in local if g.task.ref.family == fam for x in g.rewards]
+            )
         for fam, level in self.curriculum.level.items():
             rec[f"level/{fam}"] = level
-        rec.update({
-            "curriculum_moves": {k: v for k, v in moves.items() if v},
-            "t_generate": seconds.get("generate", 0.0),
-            "t_score": seconds.get("score", 0.0),
-            "t_train": seconds.get("train", 0.0),
-            "t_round": seconds.get("round", 0.0),
-            "new_tokens": new_tokens,
-            "tokens_per_s": new_tokens / max(seconds.get("generate", 0.0), 1e-9),
-            "train/sequences": stats.sequences,
-            "train/tokens": stats.tokens,
-            "train/loss": stats.loss,
-            "train/clip_frac": stats.clip_frac,
-            "train/kl": stats.kl,
-            "train/grad_norm": stats.grad_norm,
-            "peak_rss_mb": peak_rss_mb(),
-            "peak_gpu_mb": peak_gpu_mb(self.policy.device),
-        })
+        rec.update(
+            {
+                "curriculum_moves": {k: v for k, v in moves.items() if v},
+                "t_generate": seconds.get("generate", 0.0),
+                "t_score": seconds.get("score", 0.0),
+                "t_train": seconds.get("train", 0.0),
+                "t_round": seconds.get("round", 0.0),
+                "new_tokens": new_tokens,
+                "tokens_per_s": new_tokens / max(seconds.get("generate", 0.0), 1e-9),
+                "train/sequences": stats.sequences,
+                "train/tokens": stats.tokens,
+                "train/loss": stats.loss,
+                "train/clip_frac": stats.clip_frac,
+                "train/kl": stats.kl,
+                "train/grad_norm": stats.grad_norm,
+                "peak_rss_mb": peak_rss_mb(),
+                "peak_gpu_mb": peak_gpu_mb(self.policy.device),
+            }
+        )
         return rec
 
     def save(self) -> None:
@@ -307,7 +320,9 @@ class Node:
         }
         try:
             path = self.store.save(
-                self.round, self.policy.trainable_state(), self.trainer.optimizer.state_dict(),
+                self.round,
+                self.policy.trainable_state(),
+                self.trainer.optimizer.state_dict(),
                 state,
             )
         except OSError as exc:
@@ -320,7 +335,9 @@ class Node:
         path = self.store.latest()
         if path is None:
             if self.metrics.offset():
-                log.warning("metrics without a checkpoint: starting over", path=str(self.metrics.path))
+                log.warning(
+                    "metrics without a checkpoint: starting over", path=str(self.metrics.path)
+                )
                 self.metrics.truncate(0)
             return
         ckpt = self.store.load(path, self.config.fingerprint())

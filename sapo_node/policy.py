@@ -333,8 +333,9 @@ class _StopFlag(StoppingCriteria):
         self.flag = flag
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.flag(), dtype=torch.bool,
-                          device=input_ids.device)
+        return torch.full(
+            (input_ids.shape[0],), self.flag(), dtype=torch.bool, device=input_ids.device
+        )
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

@@ -19,8 +19,12 @@ def _node(model_dir: Path, data_dir: Path, seed: int, local: int, external: int)
             "node": {"data_dir": str(data_dir), "seed": seed, "checkpoint_every": 100},
             "model": {"name": str(model_dir)},
             "generation": {"max_new_tokens": 6, "completions_per_task": 4},
-            "tasks": {"families": [{"name": "tests.support.families:Sevens"}],
-                      "system_prompt": "Reply.", "one_shot": False, "reward": "partial"},
+            "tasks": {
+                "families": [{"name": "tests.support.families:Sevens"}],
+                "system_prompt": "Reply.",
+                "one_shot": False,
+                "reward": "partial",
+            },
             "train": {"lr": 1e-3, "local_groups": local, "external_groups": external},
         },
         environ={},
@@ -66,8 +70,9 @@ def test_peers_lies_are_refused(receiver: Node) -> None:
 def test_two_nodes_share_through_the_pool(tiny_model_dir: Path, tmp_path: Path) -> None:
     sender = _node(tiny_model_dir, tmp_path / "a", seed=1, local=3, external=0)
     try:
-        groups, _ = sender._generate([make_task(r) for r in
-                                      sender.curriculum.sample(sender.seed, 0, 3)], 0)
+        groups, _ = sender._generate(
+            [make_task(r) for r in sender.curriculum.sample(sender.seed, 0, 3)], 0
+        )
     finally:
         sender.close()
     receiver = _node(tiny_model_dir, tmp_path / "b", seed=2, local=1, external=3)

@@ -18,12 +18,20 @@ from sapo_node.node import Node
 def _config(model_dir: Path, data_dir: Path, rounds: int, **train):
     return load_config(
         overrides={
-            "node": {"data_dir": str(data_dir), "rounds": rounds, "seed": 1,
-                     "checkpoint_every": 100},
+            "node": {
+                "data_dir": str(data_dir),
+                "rounds": rounds,
+                "seed": 1,
+                "checkpoint_every": 100,
+            },
             "model": {"name": str(model_dir)},
             "generation": {"max_new_tokens": 8, "completions_per_task": 8},
-            "tasks": {"families": [{"name": "tests.support.families:Sevens"}],
-                      "system_prompt": "Reply.", "one_shot": False, "reward": "partial"},
+            "tasks": {
+                "families": [{"name": "tests.support.families:Sevens"}],
+                "system_prompt": "Reply.",
+                "one_shot": False,
+                "reward": "partial",
+            },
             "train": {"lr": 1e-2, "local_groups": 8, "micro_batch_size": 32, **train},
         },
         environ={},
@@ -42,7 +50,18 @@ def test_reward_rises_within_a_few_rounds(tiny_model_dir: Path, tmp_path: Path) 
     assert first < 0.1, rewards
     assert last > 0.5 and last > 5 * first, rewards
     assert rows[-1]["cumulative_reward"] > sum(rewards) - 1e-6
-    for key in ("round", "reward_mean", "cumulative_reward", "local_groups", "external_groups",
-                "t_generate", "t_score", "t_train", "t_round", "tokens_per_s", "peak_rss_mb"):
+    for key in (
+        "round",
+        "reward_mean",
+        "cumulative_reward",
+        "local_groups",
+        "external_groups",
+        "t_generate",
+        "t_score",
+        "t_train",
+        "t_round",
+        "tokens_per_s",
+        "peak_rss_mb",
+    ):
         assert key in rows[0]
     assert (tmp_path / "checkpoints" / "LATEST").read_text().strip() == "round-000012"

@@ -44,9 +44,23 @@ lr = 1e-3
 def _start(config: Path, data_dir: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "sapo_node.cli", "start", "--config", str(config),
-         "--data-dir", str(data_dir), "--json-logs", *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sapo_node.cli",
+            "start",
+            "--config",
+            str(config),
+            "--data-dir",
+            str(data_dir),
+            "--json-logs",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

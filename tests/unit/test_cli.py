@@ -50,14 +50,25 @@ def test_cli_flags_that_break_cross_checks_exit_2(capsys) -> None:
 def test_help_explains_every_start_option(capsys) -> None:
     main(["start", "--help"])
     out = capsys.readouterr().out
-    for opt in ("--config", "--model", "--data-dir", "--rounds", "--local", "--external",
-                "--json-logs", "--device", "--lora", "--seed"):
+    for opt in (
+        "--config",
+        "--model",
+        "--data-dir",
+        "--rounds",
+        "--local",
+        "--external",
+        "--json-logs",
+        "--device",
+        "--lora",
+        "--seed",
+    ):
         assert opt in out
 
 
 def test_model_that_cannot_be_loaded_exits_1(tmp_path: Path, capsys) -> None:
-    code, _, err = _run(["start", "--model", str(tmp_path / "missing"), "--data-dir",
-                         str(tmp_path / "d")], capsys)
+    code, _, err = _run(
+        ["start", "--model", str(tmp_path / "missing"), "--data-dir", str(tmp_path / "d")], capsys
+    )
     assert code == 1
     assert "model directory not found" in err and "Traceback" not in err
 
@@ -69,8 +80,13 @@ def test_config_command_prints_resolved_config(capsys) -> None:
 
 def test_plot_writes_pngs(tmp_path: Path) -> None:
     rows = [
-        {"round": r, "reward_mean": r / 10, "cumulative_reward": r * r / 20,
-         "reward/basic_arithmetic": r / 10, "level/basic_arithmetic": r // 3}
+        {
+            "round": r,
+            "reward_mean": r / 10,
+            "cumulative_reward": r * r / 20,
+            "reward/basic_arithmetic": r / 10,
+            "level/basic_arithmetic": r // 3,
+        }
         for r in range(10)
     ]
     path = tmp_path / "metrics.jsonl"

