@@ -18,7 +18,6 @@ from typing import Annotated, Any
 import click
 import typer
 
-
 from sapo_node import __version__
 from sapo_node.config import ConfigError, load_config
 
@@ -172,6 +171,8 @@ def start(
     finally:
         node.close()
     log.info("stopped", rounds_this_run=done, round=node.round)
+    if node.failure:
+        _fail(node.failure)
 
 
 @app.command()

@@ -30,6 +30,7 @@ import os
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,7 @@ class Node:
         self.store = CheckpointStore(self.data_dir, keep=config.node.keep_checkpoints)
         self.round = 0
         self.cumulative_reward = 0.0
+        self.failure: str | None = None
 
     # --- the loop ---------------------------------------------------------------------
 
@@ -159,10 +161,9 @@ class Node:
                 stats = self.trainer.step(samples, should_stop=self.stop.is_set)
             if stats is None:
                 raise Stopped
-            moves = {
-                g.task.ref.family: self.curriculum.record(g.task.ref.family, g.rewards)
-                for g in local
-            }
+            moves: Counter[str] = Counter()
+            for g in local:
+                moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
         return self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
 
     def run(self) -> int:
@@ -176,7 +177,12 @@ class Node:
                     record = self.run_round(self.round)
                 except Stopped:
                     break
-                self.metrics.append(record)
+                try:
+                    self.metrics.append(record)
+                except OSError as exc:  # a full disk, a read-only mount
+                    self.failure = f"cannot write {self.metrics.path}: {exc}"
+                    log.error("stopping", reason=self.failure)
+                    break
                 self.round += 1
                 done_here += 1
                 _log_round(record)

@@ -85,3 +85,25 @@ def test_two_nodes_share_through_the_pool(tiny_model_dir: Path, tmp_path: Path) 
         assert record["external_groups"] == 3 and record["local_groups"] == 1
     finally:
         receiver.close()
+
+
+def test_a_full_disk_stops_the_node_cleanly_with_its_state_saved(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    node = _node(tiny_model_dir, tmp_path / "c", seed=3, local=1, external=0)
+    calls = {"n": 0}
+    real_append = node.metrics.append
+
+    def append(record):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        real_append(record)
+
+    monkeypatch.setattr(node.metrics, "append", append)
+    try:
+        assert node.run() == 2
+    finally:
+        node.close()
+    assert "No space left on device" in node.failure
+    assert (tmp_path / "c" / "checkpoints" / "LATEST").read_text().strip() == "round-000002"
