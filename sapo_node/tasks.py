@@ -33,6 +33,19 @@ log = structlog.get_logger(__name__)
 
 RG_VERSION = importlib.metadata.version("reasoning-gym")
 
+# The nine families of the paper's controlled experiment.
+PAPER_FAMILIES = (
+    "base_conversion",
+    "basic_arithmetic",
+    "arc_1d",
+    "bf",
+    "propositional_logic",
+    "fraction_simplification",
+    "decimal_arithmetic",
+    "calendar_arithmetic",
+    "binary_matrix",
+)
+
 ONE_SHOT_QUESTION = "Calculate 12 + 7 * 2."
 ONE_SHOT_ANSWER = "7 * 2 = 14, 12 + 14 = 26.\n<answer>26</answer>"
 

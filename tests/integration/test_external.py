@@ -11,25 +11,18 @@ from sapo_node.config import load_config
 from sapo_node.node import Node
 from sapo_node.pool import SharedGroup
 from sapo_node.tasks import TaskRef, make_task
+from tests.support.nodes import sevens_overrides
 
 
 def _node(model_dir: Path, data_dir: Path, seed: int, local: int, external: int) -> Node:
-    cfg = load_config(
-        overrides={
-            "node": {"data_dir": str(data_dir), "seed": seed, "checkpoint_every": 100},
-            "model": {"name": str(model_dir)},
-            "generation": {"max_new_tokens": 6, "completions_per_task": 4},
-            "tasks": {
-                "families": [{"name": "tests.support.families:Sevens"}],
-                "system_prompt": "Reply.",
-                "one_shot": False,
-                "reward": "partial",
-            },
-            "train": {"lr": 1e-3, "local_groups": local, "external_groups": external},
-        },
-        environ={},
+    overrides = sevens_overrides(
+        model_dir,
+        data_dir,
+        node={"seed": seed},
+        generation={"max_new_tokens": 6, "completions_per_task": 4},
+        train={"lr": 1e-3, "local_groups": local, "external_groups": external},
     )
-    return Node(cfg)
+    return Node(load_config(overrides=overrides, environ={}))
 
 
 @pytest.fixture()

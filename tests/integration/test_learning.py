@@ -13,29 +13,17 @@ from pathlib import Path
 
 from sapo_node.config import load_config
 from sapo_node.node import Node
+from tests.support.nodes import sevens_overrides
 
 
-def _config(model_dir: Path, data_dir: Path, rounds: int, **train):
-    return load_config(
-        overrides={
-            "node": {
-                "data_dir": str(data_dir),
-                "rounds": rounds,
-                "seed": 1,
-                "checkpoint_every": 100,
-            },
-            "model": {"name": str(model_dir)},
-            "generation": {"max_new_tokens": 8, "completions_per_task": 8},
-            "tasks": {
-                "families": [{"name": "tests.support.families:Sevens"}],
-                "system_prompt": "Reply.",
-                "one_shot": False,
-                "reward": "partial",
-            },
-            "train": {"lr": 1e-2, "local_groups": 8, "micro_batch_size": 32, **train},
-        },
-        environ={},
+def _config(model_dir: Path, data_dir: Path, rounds: int):
+    overrides = sevens_overrides(
+        model_dir,
+        data_dir,
+        node={"rounds": rounds},
+        train={"lr": 1e-2, "local_groups": 8, "micro_batch_size": 32},
     )
+    return load_config(overrides=overrides, environ={})
 
 
 def test_reward_rises_within_a_few_rounds(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from sapo_node.config import Config, ConfigError, env_overrides, load_config
+from sapo_node.tasks import PAPER_FAMILIES
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
 
@@ -27,17 +28,7 @@ def test_default_file_equals_builtin_defaults() -> None:
 
 def test_paper_config_has_the_nine_families() -> None:
     cfg = load_config(CONFIGS[0].parent / "qwen2.5-0.5b.toml", environ={})
-    assert {f.name for f in cfg.tasks.families} == {
-        "base_conversion",
-        "basic_arithmetic",
-        "arc_1d",
-        "bf",
-        "propositional_logic",
-        "fraction_simplification",
-        "decimal_arithmetic",
-        "calendar_arithmetic",
-        "binary_matrix",
-    }
+    assert {f.name for f in cfg.tasks.families} == set(PAPER_FAMILIES)
     assert (cfg.train.local_groups, cfg.train.external_groups) == (4, 4)
     assert (cfg.train.eps_low, cfg.train.eps_high, cfg.train.kl_coef) == (0.2, 0.28, 0.0)
 

@@ -4,9 +4,7 @@ import pytest
 
 from sapo_node.config import CurriculumSection, FamilySection
 from sapo_node.curriculum import Curriculum, reasoning_gym_levels
-from sapo_node.tasks import make_task
-
-from .test_tasks import PAPER_FAMILIES
+from sapo_node.tasks import PAPER_FAMILIES, make_task
 
 LEVELS = [{"max_digits": 1}, {"max_digits": 2}, {"max_digits": 3}]
 

@@ -10,15 +10,9 @@ from sapo_node.config import GenerationSection, LoraSection
 from sapo_node.policy import ModelLoadError, load_policy, select_device, select_dtype
 
 
-@pytest.fixture(scope="module")
-def policy(tiny_model_dir: Path):
-    return load_policy(
-        str(tiny_model_dir),
-        device="cpu",
-        dtype="auto",
-        lora=LoraSection(),
-        cache_dir=tiny_model_dir,
-    )
+@pytest.fixture()
+def policy(tiny_policy):
+    return tiny_policy
 
 
 def _prompts(policy) -> list[list[int]]:

@@ -21,14 +21,7 @@ from hypothesis import strategies as st
 from sapo_node import safe_verifiers as sv
 from sapo_node.sandbox import DEFAULT_COMPILE_ALLOWLIST, Sandbox, SandboxLimits
 
-EVAL_FAMILIES = [
-    "binary_matrix",
-    "spiral_matrix",
-    "string_insertion",
-    "n_queens",
-    "number_sorting",
-    "bitwise_arithmetic",
-]
+EVAL_FAMILIES = sorted(sv.DATASET_FREE_FAMILIES)
 SYMPY_FAMILIES = [
     "countdown",
     "puzzle24",

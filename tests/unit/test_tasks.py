@@ -12,19 +12,15 @@ import pytest
 from sapo_node import curriculum as curriculum_module
 from sapo_node import plot as plot_module
 from sapo_node import tasks
-from sapo_node.tasks import Scorer, TaskRef, build_messages, extract_answer, make_task
+from sapo_node.tasks import (
+    PAPER_FAMILIES,
+    Scorer,
+    TaskRef,
+    build_messages,
+    extract_answer,
+    make_task,
+)
 
-PAPER_FAMILIES = [
-    "base_conversion",
-    "basic_arithmetic",
-    "arc_1d",
-    "bf",
-    "propositional_logic",
-    "fraction_simplification",
-    "decimal_arithmetic",
-    "calendar_arithmetic",
-    "binary_matrix",
-]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -13,15 +13,8 @@ from sapo_node.trainer import Sample, Trainer, pack
 
 
 @pytest.fixture()
-def policy(tiny_model_dir: Path):
-    torch.manual_seed(0)
-    return load_policy(
-        str(tiny_model_dir),
-        device="cpu",
-        dtype="auto",
-        lora=LoraSection(),
-        cache_dir=tiny_model_dir,
-    )
+def policy(tiny_policy):
+    return tiny_policy
 
 
 def _samples(n: int = 6) -> list[Sample]:
