@@ -177,6 +177,12 @@ class Node:
                     record = self.run_round(self.round)
                 except Stopped:
                     break
+                except (MemoryError, RuntimeError) as exc:
+                    if not _is_out_of_memory(exc):
+                        raise
+                    self.failure = self._out_of_memory_hint()
+                    log.error("stopping", reason=self.failure)
+                    break
                 try:
                     self.metrics.append(record)
                 except OSError as exc:  # a full disk, a read-only mount
@@ -192,6 +198,15 @@ class Node:
             if done_here and self.round % self.config.node.checkpoint_every != 0:
                 self.save()
         return done_here
+
+    def _out_of_memory_hint(self) -> str:
+        c = self.config
+        return (
+            f"out of memory in round {self.round}: lower train.micro_batch_size "
+            f"(now {c.train.micro_batch_size}), generation.max_batch_sequences "
+            f"(now {c.generation.max_batch_sequences}) or generation.max_new_tokens "
+            f"(now {c.generation.max_new_tokens}), or train LoRA adapters (--lora)"
+        )
 
     # --- phases ----------------------------------------------------------------------
 
@@ -365,6 +380,14 @@ class Node:
         self.scorer.close()
         with contextlib.suppress(OSError):
             self._lock.close()
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """torch's CUDA/MPS/CPU allocators and Python's own, by type or message."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -100,3 +100,21 @@ def test_a_full_disk_stops_the_node_cleanly_with_its_state_saved(
         node.close()
     assert "No space left on device" in node.failure
     assert (tmp_path / "c" / "checkpoints" / "LATEST").read_text().strip() == "round-000002"
+
+
+def test_out_of_memory_stops_with_a_hint(tiny_model_dir: Path, tmp_path: Path, monkeypatch):
+    node = _node(tiny_model_dir, tmp_path / "d", seed=4, local=1, external=0)
+    node.config.node.rounds = 5
+
+    def oom(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: "
+            "can't allocate memory: you tried to allocate 123456789 bytes"
+        )
+
+    monkeypatch.setattr(node.trainer, "step", oom)
+    try:
+        assert node.run() == 0
+    finally:
+        node.close()
+    assert "out of memory in round 0" in node.failure and "--lora" in node.failure
