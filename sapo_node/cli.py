@@ -135,6 +135,7 @@ def start(
     from sapo_node.checkpoint import CheckpointError
     from sapo_node.node import DataDirInUse, Node
     from sapo_node.policy import ModelLoadError
+    from sapo_node.tasks import RG_VERSION
 
     log.info("config", **json.loads(cfg.model_dump_json()))
     stop = threading.Event()
@@ -151,6 +152,7 @@ def start(
         data_dir=str(node.data_dir),
         seed=node.seed,
         version=__version__,
+        reasoning_gym=RG_VERSION,
     )
 
     def on_signal(signum: int, _frame: object) -> None:

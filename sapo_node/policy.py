@@ -97,8 +97,9 @@ def _cache_embedded(cache_dir: Path) -> Path:
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
+    for stale in cache_dir.glob(f".{EMBEDDED_CACHE}.tmp-*"):  # an interrupted first start
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = cache_dir / f".{EMBEDDED_CACHE}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.config.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
