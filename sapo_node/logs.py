@@ -9,6 +9,18 @@ import sys
 import structlog
 
 
+class _StderrLogger:
+    """Writes each line to whatever ``sys.stderr`` is now (it may be replaced later)."""
+
+    def __init__(self, *args: object) -> None:
+        pass
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
 def configure_logging(json_logs: bool = False, level: int = logging.INFO) -> None:
     """Route structlog and stdlib logging to stderr in one format."""
     shared = [
@@ -24,7 +36,7 @@ def configure_logging(json_logs: bool = False, level: int = logging.INFO) -> Non
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_StderrLogger,
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")

@@ -137,9 +137,9 @@ def test_corrupt_checkpoint_and_busy_data_dir_are_clear_errors(
     code, err = _finish(proc)
     assert code == 0, err[-2000:]
 
-    first = _start(config, data, "--rounds", "50")
+    first = _start(config, data)  # runs until stopped
     _wait_for_rounds(first, data, 3)
-    second = _start(config, data, "--rounds", "50")
+    second = _start(config, data)
     code, err = _finish(second, timeout=120)
     assert code == 1 and "in use by another sapo-node" in err
     first.send_signal(signal.SIGTERM)
