@@ -25,7 +25,7 @@ from pathlib import Path
 
 import structlog
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from sapo_node.config import GenerationSection, LoraSection
 
@@ -155,6 +155,12 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
         raise ModelLoadError(f"model {name!r} has no chat template; use an instruct model")
+    eos_ids = _eos_ids(model, tokenizer)
+    # Sampling is exactly what the config says: the model's own defaults (a repetition
+    # penalty, top-k) would make the behaviour policy differ from the policy trained.
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id
+    )
     model.to(dev)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -172,7 +178,7 @@ def load_policy(
                 task_type="CAUSAL_LM",
             ),
         )
-    return Policy(model, tokenizer, dev, compute, name)
+    return Policy(model, tokenizer, dev, compute, name, eos_ids)
 
 
 @dataclass
@@ -187,13 +193,21 @@ class Generated:
 class Policy:
     """A causal LM with its tokenizer, on one device."""
 
-    def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, name: str):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device: torch.device,
+        dtype: torch.dtype,
+        name: str,
+        eos_ids: list[int],
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
         self.name = name
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids
         self._reference = None
 
     @property

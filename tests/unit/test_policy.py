@@ -105,3 +105,23 @@ def test_device_and_dtype_selection() -> None:
         assert select_device("auto").type in ("cpu", "mps")
         with pytest.raises(ModelLoadError, match="no CUDA"):
             select_device("cuda")
+
+
+def test_sampling_ignores_the_models_own_generation_defaults(tmp_path: Path) -> None:
+    from transformers import GenerationConfig
+
+    from tests.support.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m")
+    GenerationConfig(
+        do_sample=True,
+        top_k=20,
+        repetition_penalty=1.05,
+        temperature=0.7,
+        eos_token_id=[3, 5],
+    ).save_pretrained(path)
+    pol = load_policy(str(path), device="cpu", dtype="auto", lora=LoraSection(), cache_dir=tmp_path)
+    gc = pol.model.generation_config
+    assert gc.repetition_penalty in (None, 1.0) and gc.top_k in (None, 0)
+    assert gc.temperature in (None, 1.0)
+    assert pol.eos_ids == [3, 5]
