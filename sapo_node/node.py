@@ -46,7 +46,14 @@ from sapo_node.curriculum import Curriculum
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
 from sapo_node.policy import Policy, load_policy
 from sapo_node.pool import MemoryPool, Pool, PooledGroup, SharedGroup
-from sapo_node.tasks import Scorer, Task, build_messages, extract_answer, make_task
+from sapo_node.tasks import (
+    Scorer,
+    ScorerUnavailable,
+    Task,
+    build_messages,
+    extract_answer,
+    make_task,
+)
 from sapo_node.trainer import Sample, Trainer, TrainStats
 
 log = structlog.get_logger(__name__)
@@ -176,6 +183,10 @@ class Node:
                 try:
                     record = self.run_round(self.round)
                 except Stopped:
+                    break
+                except ScorerUnavailable as exc:
+                    self.failure = str(exc)
+                    log.error("stopping", reason=self.failure)
                     break
                 except (MemoryError, RuntimeError) as exc:
                     if not _is_out_of_memory(exc):

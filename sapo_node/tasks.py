@@ -205,8 +205,16 @@ class ScoreResult:
     error: str | None = None
 
 
+class ScorerUnavailable(RuntimeError):
+    """The scoring worker cannot start: the node cannot score anything."""
+
+
 class Scorer:
-    """Scores completions in a sandboxed worker; failures score 0 and are logged."""
+    """Scores completions in a sandboxed worker; failures score 0 and are logged.
+
+    A worker that cannot start at all raises ScorerUnavailable instead: scoring every
+    completion 0 would train on nothing while looking alive.
+    """
 
     def __init__(
         self,
@@ -243,6 +251,8 @@ class Scorer:
         results = self._sandbox.map([(task, c) for c in bounded])
         out = []
         for r in results:
+            if r.error is not None and r.error.startswith("startup failed"):
+                raise ScorerUnavailable(f"the scoring worker cannot start: {r.error}")
             if r.error is not None:
                 log.warning("verifier failed", family=task.ref.family, reason=r.error)
                 out.append(ScoreResult(0.0, 0.0, r.error))

@@ -42,3 +42,8 @@ class Crashes:
         import os
 
         os._exit(7)
+
+
+def broken_warmup() -> None:
+    """A scoring worker start-up that fails."""
+    raise ImportError("reasoning_gym is broken")

@@ -134,3 +134,13 @@ def test_completions_are_bounded_before_scoring(scorer: Scorer) -> None:
     r = scorer.score(task, [long])[0]
     assert r.error is None
     assert r.raw_score == pytest.approx(10 / scorer.max_completion_chars)
+
+
+def test_a_worker_that_cannot_start_is_loud(monkeypatch) -> None:
+    from tests.support.families import broken_warmup
+
+    monkeypatch.setattr(tasks.safe_verifiers, "warmup", broken_warmup)
+    with Scorer(timeout_s=1.0) as s:
+        task = make_task(TaskRef.make("tests.support.families:Sevens", {}, 1, 0))
+        with pytest.raises(tasks.ScorerUnavailable, match="cannot start"):
+            s.score(task, ["7"])
