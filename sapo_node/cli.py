@@ -11,7 +11,7 @@ import json
 import signal
 import sys
 import threading
-from enum import Enum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,7 +40,7 @@ app = typer.Typer(
 )
 
 
-class Device(str, Enum):
+class Device(StrEnum):
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"

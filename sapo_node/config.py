@@ -11,12 +11,12 @@ Environment overrides use ``SAPO_<SECTION>__<FIELD>`` with a TOML value, for exa
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "SAPO_"

@@ -247,7 +247,8 @@ class Node:
                 raise Stopped
 
     def _share(self, groups: Sequence[Group]) -> None:
-        """Publish this round's groups to peers: the swarm's transport plugs in here."""
+        """Publish this round's groups to peers. Not built yet: the libp2p transport (issue 4)
+        plugs in here; until then a node shares nothing."""
 
     def _as_group(self, pooled: PooledGroup) -> Group:
         """A peer's group in this node's own tokenizer and chat template."""
