@@ -140,7 +140,8 @@ class Node:
             memory_mb=sc.memory_mb,
         )
         self.curriculum = Curriculum(config.tasks.families, config.curriculum)
-        self.trainer = Trainer(self.policy, config.train, config.generation.max_new_tokens)
+        g = config.generation
+        self.trainer = Trainer(self.policy, config.train, g.max_new_tokens, g.temperature)
         self.pool: Pool = pool or MemoryPool(config.pool.max_groups, config.pool.sampling)
         self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
         self.store = CheckpointStore(self.data_dir, keep=config.node.keep_checkpoints)

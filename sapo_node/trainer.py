@@ -85,10 +85,17 @@ class TrainStats:
 class Trainer:
     """Owns the optimiser; turns a training set into ``ppo_epochs`` optimiser steps."""
 
-    def __init__(self, policy: Policy, settings: TrainSection, max_new_tokens: int) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        settings: TrainSection,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+    ) -> None:
         self.policy = policy
         self.settings = settings
         self.max_new_tokens = max_new_tokens
+        self.temperature = temperature  # log-probs of the distribution that was sampled
         params = policy.trainable_parameters()
         opt_cls = torch.optim.AdamW if settings.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = opt_cls(
@@ -118,7 +125,7 @@ class Trainer:
                 logits_to_keep=c + 1,
                 use_cache=False,
             ).logits[:, :c]
-        return grpo.token_logprobs(logits.float(), mb.targets.to(dev))
+        return grpo.token_logprobs(logits.float(), mb.targets.to(dev), self.temperature)
 
     def step(
         self, samples: Sequence[Sample], should_stop: Callable[[], bool] = lambda: False

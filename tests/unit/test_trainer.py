@@ -27,6 +27,25 @@ def _samples(n: int = 6) -> list[Sample]:
     return out
 
 
+def test_log_probs_are_those_of_the_sampling_temperature(policy) -> None:
+    samples = _samples(3)
+    mb = pack(samples, policy.tokenizer.pad_token_id)
+    hot = Trainer(policy, TrainSection(), max_new_tokens=16, temperature=2.0)
+    plain = Trainer(policy, TrainSection(), max_new_tokens=16)
+    with torch.no_grad():
+        logits = policy.model(
+            input_ids=mb.input_ids,
+            attention_mask=mb.attention_mask,
+            position_ids=mb.position_ids,
+        ).logits
+        c = mb.targets.shape[1]
+        want = torch.log_softmax(logits[:, -c - 1 : -1].float() / 2.0, -1)
+        want = want.gather(-1, mb.targets[..., None])[..., 0]
+        got, base = hot._logprobs(policy.model, mb), plain._logprobs(policy.model, mb)
+    torch.testing.assert_close(got * mb.mask, want * mb.mask, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(got * mb.mask, base * mb.mask)
+
+
 def test_pack_layout() -> None:
     packed = pack([Sample([1, 2, 3], [4, 5], 1.0), Sample([6], [7, 8, 9], -1.0)], pad_id=0)
     assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5, 0], [0, 0, 6, 7, 8, 9]]
