@@ -141,7 +141,7 @@ def start(
     stop = threading.Event()
     try:
         node = Node(cfg, stop=stop)
-    except (ModelLoadError, DataDirInUse) as exc:
+    except (ModelLoadError, DataDirInUse, CheckpointError) as exc:
         _fail(str(exc))
     log.info(
         "node ready",

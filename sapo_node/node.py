@@ -40,7 +40,7 @@ import structlog
 import torch
 
 from sapo_node import __version__, grpo
-from sapo_node.checkpoint import CheckpointStore, write_text_atomic
+from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
@@ -379,8 +379,6 @@ class Node:
             self.policy.load_trainable_state(ckpt.weights)
             self.trainer.optimizer.load_state_dict(ckpt.optimizer)
         except ValueError as exc:
-            from sapo_node.checkpoint import CheckpointError
-
             raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from None
         st = ckpt.state
         self.round = int(st["round"])
@@ -415,7 +413,12 @@ def _derive(seed: int, *parts: object) -> int:
 def _node_seed(data_dir: Path, configured: int | None) -> int:
     """The configured seed, else the one drawn at first start and kept in node.json."""
     path = data_dir / "node.json"
-    stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path} cannot be read ({exc}); restore it, or delete it to draw a new seed"
+        ) from None
     seed = configured if configured is not None else stored.get("seed")
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)

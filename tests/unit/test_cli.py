@@ -95,3 +95,9 @@ def test_plot_writes_pngs(tmp_path: Path) -> None:
     assert [p.name for p in written] == ["reward.png", "cumulative_reward.png", "levels.png"]
     for p in written:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unreadable_node_state_exits_1(tmp_path: Path, capsys) -> None:
+    (tmp_path / "node.json").write_text("{broken")
+    code, _, err = _run(["start", "--data-dir", str(tmp_path), "--model", "/no/model"], capsys)
+    assert code == 1 and "node.json cannot be read" in err
