@@ -21,6 +21,9 @@ from typing import Protocol
 
 from sapo_node.tasks import TaskRef
 
+# Most completions a shared group may carry (the largest L a node can be configured with).
+MAX_COMPLETIONS = 64
+
 
 @dataclass(frozen=True)
 class SharedGroup:

@@ -57,6 +57,9 @@ def test_peers_lies_are_refused(receiver: Node) -> None:
     assert receiver.receive(unknown) is None
     hostile_module = dataclasses.replace(honest, ref=TaskRef.make("os:system", {}, 1, 0))
     assert receiver.receive(hostile_module) is None
+    flood = dataclasses.replace(honest, completions=("7",) * 100_000)
+    assert receiver.receive(flood) is None
+    assert receiver.receive(dataclasses.replace(honest, completions=("7",))) is None
     assert len(receiver.pool) == 0
 
 
