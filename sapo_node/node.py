@@ -45,7 +45,7 @@ from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
 from sapo_node.policy import Policy, load_policy
-from sapo_node.pool import MemoryPool, Pool, PooledGroup, SharedGroup
+from sapo_node.pool import MAX_COMPLETIONS, MemoryPool, Pool, PooledGroup, SharedGroup
 from sapo_node.tasks import (
     Scorer,
     ScorerUnavailable,
@@ -78,14 +78,19 @@ class Group:
     rewards: list[float] = field(default_factory=list)
     origin: str = "local"
 
+    @property
+    def has_signal(self) -> bool:
+        """Whether the rewards differ, i.e. GRPO gets a gradient from this group."""
+        return len(set(self.rewards)) > 1
+
 
 def training_samples(groups: Sequence[Group], scale: str) -> list[Sample]:
     """GRPO samples of every group with signal, with group-normalised advantages."""
     samples = []
     for g in groups:
-        rewards = torch.tensor([g.rewards], dtype=torch.float32)
-        if not bool(grpo.group_has_signal(rewards)[0]):
+        if not g.has_signal:
             continue
+        rewards = torch.tensor([g.rewards], dtype=torch.float32)
         adv = grpo.group_advantages(rewards, scale=scale)[0].tolist()
         samples += [
             Sample(g.prompt_ids, ids, a) for ids, a in zip(g.completion_ids, adv, strict=True)
@@ -269,6 +274,10 @@ class Node:
 
     def receive(self, shared: SharedGroup) -> PooledGroup | None:
         """Check a peer's group against our own regeneration, score it ourselves, pool it."""
+        if not 2 <= len(shared.completions) <= MAX_COMPLETIONS:
+            reason = f"{len(shared.completions)} completions (need 2 to {MAX_COMPLETIONS})"
+            log.info("group refused", author=shared.author, reason=reason)
+            return None
         if not self._accepts_family(shared.ref.family):
             log.info("group refused", author=shared.author, reason="unknown family")
             return None
@@ -307,7 +316,7 @@ class Node:
             "cumulative_reward": self.cumulative_reward,
             "local_groups": len(local),
             "external_groups": len(groups) - len(local),
-            "groups_trained": sum(1 for g in groups if len(set(g.rewards)) > 1),
+            "groups_trained": sum(g.has_signal for g in groups),
             "answer_tag_rate": _mean(
                 [extract_answer(x) is not None for g in local for x in g.texts]
             ),

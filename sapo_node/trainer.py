@@ -140,9 +140,7 @@ class Trainer:
         dev = self.policy.device
         model = self.policy.model
         batches = self._micro_batches(samples)
-        lengths = torch.zeros(len(samples), dtype=torch.long)
-        for i, smp in enumerate(samples):
-            lengths[i] = len(smp.completion_ids)
+        lengths = torch.tensor([len(smp.completion_ids) for smp in samples])
         full_mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
         row_weight = grpo.loss_weights(full_mask, s.loss_norm, max_tokens=self.max_new_tokens)
         row_weight = row_weight.max(dim=1).values  # weights are constant along a sequence
