@@ -305,14 +305,36 @@ class TrainSection(_Section):
 
 
 class PoolSection(_Section):
-    """Where external groups come from (the swarm fills the pool)."""
+    """Where peers' groups wait, checked and scored, until a round takes them."""
 
-    sampling: Literal["paper", "uniform"] = Field(
+    sampling: Literal["paper", "uniform", "balanced"] = Field(
         "paper",
         description="paper: drop groups whose completions all scored the same, then uniform; "
-        "uniform: any group.",
+        "uniform: any group; balanced: groups with signal, spread across authors and "
+        "families, mixed rewards favoured.",
     )
     max_groups: int = Field(4096, ge=1, le=10_000_000, description="Most groups held.")
+    max_mb: int = Field(256, ge=1, le=1_000_000, description="Most MiB of messages held.")
+    max_per_author: int = Field(
+        512, ge=1, le=10_000_000, description="Most groups held from one peer (its oldest go)."
+    )
+    rate_per_author: float = Field(
+        2.0, gt=0.0, le=1e6, description="Groups per second a peer may send, sustained."
+    )
+    burst_per_author: int = Field(
+        64, ge=1, le=1_000_000, description="Groups a peer may send at once before the rate."
+    )
+    max_age_s: float = Field(
+        3600.0, gt=0.0, le=30 * 86400.0, description="Groups older than this expire."
+    )
+    max_clock_skew_s: float = Field(
+        300.0, ge=0.0, le=86400.0, description="How far in the future a group's time may be."
+    )
+    accept_unregenerable: bool = Field(
+        False,
+        description="Score groups of custom families that this node cannot regenerate "
+        "against the answer the sender attached (trusts the sender's answer).",
+    )
 
 
 class Config(_Section):

@@ -31,7 +31,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,19 +39,21 @@ from typing import Any
 import structlog
 import torch
 
-from sapo_node import __version__, grpo
+from sapo_node import __version__, grpo, wire
 from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
+from sapo_node.intake import Intake, Verdict
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
 from sapo_node.policy import Policy, load_policy
-from sapo_node.pool import MAX_COMPLETIONS, MemoryPool, Pool, PooledGroup, SharedGroup
+from sapo_node.pool import Pool, PooledGroup
 from sapo_node.tasks import (
     Scorer,
     ScorerUnavailable,
     Task,
     build_messages,
     extract_answer,
+    generator_of,
     make_task,
 )
 from sapo_node.trainer import Sample, Trainer, TrainStats
@@ -117,7 +119,11 @@ class Node:
     """A node: policy, tasks, scorer, trainer, pool and state, driven round by round."""
 
     def __init__(
-        self, config: Config, *, pool: Pool | None = None, stop: threading.Event | None = None
+        self,
+        config: Config,
+        *,
+        stop: threading.Event | None = None,
+        publish: Callable[[bytes], None] | None = None,
     ) -> None:
         self.config = config
         self.stop = stop or threading.Event()
@@ -147,7 +153,15 @@ class Node:
         self.curriculum = Curriculum(config.tasks.families, config.curriculum)
         g = config.generation
         self.trainer = Trainer(self.policy, config.train, g.max_new_tokens, g.temperature)
-        self.pool: Pool = pool or MemoryPool(config.pool.max_groups, config.pool.sampling)
+        self.pool = Pool.from_config(self.data_dir / "pool.sqlite3", config.pool)
+        self.intake = Intake(
+            self.pool,
+            self.scorer,
+            custom_families=[f.name for f in config.tasks.families if ":" in f.name],
+            accept_unregenerable=config.pool.accept_unregenerable,
+            max_clock_skew_s=config.pool.max_clock_skew_s,
+        )
+        self.publish = publish
         self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
         self.store = CheckpointStore(self.data_dir, keep=config.node.keep_checkpoints)
         self.round = 0
@@ -167,7 +181,7 @@ class Node:
                 local, new_tokens = self._generate(tasks, r)
             with timer("score"):
                 self._score(local)
-            self._share(local)
+            published = self._share(local, r)
             groups = local + [self._as_group(p) for p in external]
             with timer("train"):
                 samples = training_samples(groups, s.advantage_scale)
@@ -177,7 +191,9 @@ class Node:
             moves: Counter[str] = Counter()
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
-        return self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
+        record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
+        record["groups_published"] = published
+        return record
 
     def run(self) -> int:
         """Run rounds until the configured total or a stop; save on the way out."""
@@ -252,14 +268,36 @@ class Node:
             if self.stop.is_set():
                 raise Stopped
 
-    def _share(self, groups: Sequence[Group]) -> None:
-        """Publish this round's groups to peers. Not built yet: the libp2p transport (issue 4)
-        plugs in here; until then a node shares nothing."""
+    def _share(self, groups: Sequence[Group], r: int) -> int:
+        """Publish this round's groups to peers (when a transport is attached)."""
+        if self.publish is None:
+            return 0
+        created_ms = int(time.time() * 1000)
+        sent = 0
+        for g in groups:
+            message = wire.RolloutGroup(
+                ref=g.task.ref,
+                generator=generator_of(g.task.ref.family),
+                question=g.task.question,
+                completions=tuple(wire.clip_utf8(t, wire.MAX_COMPLETION_BYTES) for t in g.texts),
+                model=wire.clip_utf8(self.config.model.name, wire.MAX_MODEL_BYTES),
+                round=r,
+                created_ms=created_ms,
+            )
+            try:
+                data = wire.encode(message)
+            except wire.EncodeError as exc:
+                log.warning("group not shared", family=g.task.ref.family, reason=str(exc))
+                continue
+            self.publish(data)
+            sent += 1
+        return sent
 
     def _as_group(self, pooled: PooledGroup) -> Group:
-        """A peer's group in this node's own tokenizer and chat template."""
+        """A peer's group in this node's own tokenizer and chat template (its question was
+        checked against our own regeneration when it arrived)."""
         t = self.config.tasks
-        task = make_task(pooled.group.ref)
+        task = Task(pooled.group.ref, pooled.group.question, None)
         prompt = self.policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
         limit = self.config.generation.max_new_tokens
         ids = [self.policy.encode_completion(c)[:limit] for c in pooled.group.completions]
@@ -269,39 +307,12 @@ class Node:
             ids,
             list(pooled.group.completions),
             list(pooled.rewards),
-            origin=pooled.group.author,
+            origin=pooled.author,
         )
 
-    def receive(self, shared: SharedGroup) -> PooledGroup | None:
-        """Check a peer's group against our own regeneration, score it ourselves, pool it."""
-        if not 2 <= len(shared.completions) <= MAX_COMPLETIONS:
-            reason = f"{len(shared.completions)} completions (need 2 to {MAX_COMPLETIONS})"
-            log.info("group refused", author=shared.author, reason=reason)
-            return None
-        if not self._accepts_family(shared.ref.family):
-            log.info("group refused", author=shared.author, reason="unknown family")
-            return None
-        try:
-            task = make_task(shared.ref)
-        except Exception as exc:  # a peer's reference may name anything
-            log.info("group refused", author=shared.author, reason=f"cannot regenerate: {exc}")
-            return None
-        if task.question != shared.question:
-            log.info("group refused", author=shared.author, reason="question does not match")
-            return None
-        rewards = tuple(r.reward for r in self.scorer.score(task, list(shared.completions)))
-        pooled = PooledGroup(shared, rewards)
-        self.pool.add(pooled)
-        return pooled
-
-    def _accepts_family(self, name: str) -> bool:
-        """ReasoningGym datasets, and custom families only if our own config names them
-        (a peer must never make us import a module of its choosing)."""
-        if name in self.curriculum.families:
-            return True
-        from reasoning_gym.factory import DATASETS
-
-        return ":" not in name and name in DATASETS
+    def receive(self, data: bytes, author: str) -> Verdict:
+        """A peer's message: checked, regenerated and scored by this node, then pooled."""
+        return self.intake.receive(data, author)
 
     # --- record and state --------------------------------------------------------------
 
@@ -321,6 +332,7 @@ class Node:
                 [extract_answer(x) is not None for g in local for x in g.texts]
             ),
             "pool_size": len(self.pool),
+            "pool_mb": self.pool.size_bytes() / 2**20,
         }
         for fam in sorted({g.task.ref.family for g in local}):
             rec[f"reward/{fam}"] = _mean(
@@ -398,6 +410,7 @@ class Node:
 
     def close(self) -> None:
         self.scorer.close()
+        self.pool.close()
         with contextlib.suppress(OSError):
             self._lock.close()
 

@@ -196,6 +196,41 @@ def score_in_worker(task: Task, completion: str) -> float:
     return min(1.0, max(0.0, float(score)))
 
 
+@functools.lru_cache(maxsize=64)
+def _task_in_worker(ref: TaskRef) -> Task:
+    return make_task(ref)
+
+
+def worker_call(op: str, ref: TaskRef | None, task: Task | None, completion: str = "") -> Any:
+    """The scoring worker's entry point.
+
+    - ``score``: score ``completion`` against ``task`` (a task this node made or trusts);
+    - ``regenerate``: the question and answer of ``ref``, made by this worker's own
+      ReasoningGym (a peer's reference may ask for a slow or huge task: the sandbox's
+      time and memory limits apply);
+    - ``score_ref``: score ``completion`` against the task regenerated from ``ref``.
+    """
+    if op == "score":
+        return score_in_worker(task, completion)
+    if op == "regenerate":
+        made = _task_in_worker(ref)
+        return made.question, made.answer
+    if op == "score_ref":
+        return score_in_worker(_task_in_worker(ref), completion)
+    raise ValueError(f"unknown worker operation {op!r}")
+
+
+def generator_of(family: str) -> str:
+    """What generates a family's tasks, as 'name version'; peers must agree on it.
+
+    >>> generator_of("basic_arithmetic") == f"reasoning_gym {RG_VERSION}"
+    True
+    """
+    if ":" not in family:
+        return f"reasoning_gym {RG_VERSION}"
+    return str(getattr(get_family(family), "generator", "custom 1"))
+
+
 @dataclass(frozen=True)
 class ScoreResult:
     """Reward of one completion, and why it is 0 when the verifier failed."""
@@ -207,6 +242,10 @@ class ScoreResult:
 
 class ScorerUnavailable(RuntimeError):
     """The scoring worker cannot start: the node cannot score anything."""
+
+
+class RegenerateError(RuntimeError):
+    """A task could not be regenerated from its reference (the reason is the message)."""
 
 
 class Scorer:
@@ -229,7 +268,7 @@ class Scorer:
         self.correct_threshold = correct_threshold
         self.max_completion_chars = max_completion_chars
         self._sandbox = Sandbox(
-            score_in_worker,
+            worker_call,
             SandboxLimits(
                 timeout_s=timeout_s,
                 memory_mb=memory_mb,
@@ -248,13 +287,31 @@ class Scorer:
     def score(self, task: Task, completions: Sequence[str]) -> list[ScoreResult]:
         """Score every completion of one task, in order."""
         bounded = [c[: self.max_completion_chars] for c in completions]
-        results = self._sandbox.map([(task, c) for c in bounded])
+        return self._results(task.ref, [("score", None, task, c) for c in bounded])
+
+    def regenerate(self, ref: TaskRef) -> tuple[str, str | None]:
+        """(question, answer) of a peer's task reference, made in the sandbox worker."""
+        result = self._sandbox.call("regenerate", ref, None)
+        if result.error is not None and result.error.startswith("startup failed"):
+            raise ScorerUnavailable(f"the scoring worker cannot start: {result.error}")
+        if result.error is not None:
+            raise RegenerateError(result.error)
+        question, answer = result.value
+        return question, answer
+
+    def score_ref(self, ref: TaskRef, completions: Sequence[str]) -> list[ScoreResult]:
+        """Score completions against the task the worker regenerates from ``ref``."""
+        bounded = [c[: self.max_completion_chars] for c in completions]
+        return self._results(ref, [("score_ref", ref, None, c) for c in bounded])
+
+    def _results(self, ref: TaskRef, calls: list[tuple[Any, ...]]) -> list[ScoreResult]:
+        results = self._sandbox.map(calls)
         out = []
         for r in results:
             if r.error is not None and r.error.startswith("startup failed"):
                 raise ScorerUnavailable(f"the scoring worker cannot start: {r.error}")
             if r.error is not None:
-                log.warning("verifier failed", family=task.ref.family, reason=r.error)
+                log.warning("verifier failed", family=ref.family, reason=r.error)
                 out.append(ScoreResult(0.0, 0.0, r.error))
             else:
                 out.append(ScoreResult(self._to_reward(r.value), r.value))

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
+from sapo_node import wire
 from sapo_node.config import load_config
 from sapo_node.node import Node
-from sapo_node.pool import SharedGroup
-from sapo_node.tasks import TaskRef, make_task
+from sapo_node.tasks import TaskRef, generator_of, make_task
 from tests.support.nodes import sevens_overrides
+
+SEVENS = "tests.support.families:Sevens"
 
 
 def _node(model_dir: Path, data_dir: Path, seed: int, local: int, external: int) -> Node:
@@ -32,16 +36,29 @@ def receiver(tiny_model_dir: Path, tmp_path: Path):
     node.close()
 
 
-def _shared(index: int, completions: tuple[str, ...]) -> SharedGroup:
-    ref = TaskRef.make("tests.support.families:Sevens", {}, 99, index)
-    return SharedGroup(ref, make_task(ref).question, completions, author="peer-a")
+def _shared(index: int, completions: tuple[str, ...]) -> wire.RolloutGroup:
+    ref = TaskRef.make(SEVENS, {}, 99, index)
+    return wire.RolloutGroup(
+        ref,
+        generator_of(SEVENS),
+        make_task(ref).question,
+        completions,
+        model="tiny",
+        round=0,
+        created_ms=int(time.time() * 1000),
+    )
+
+
+def _send(node: Node, group: wire.RolloutGroup, author: str = "peer-a") -> str:
+    return node.receive(wire.encode(group), author).reason
 
 
 def test_received_groups_are_rescored_and_trained_on(receiver: Node) -> None:
     good = _shared(0, ("777", "abc", "7a7", "xyz"))
-    pooled = receiver.receive(good)
-    assert pooled is not None and pooled.rewards == (1.0, 0.0, pytest.approx(2 / 3), 0.0)
-    assert receiver.receive(_shared(1, ("7", "7", "7", "7"))) is not None  # no signal
+    verdict = receiver.receive(wire.encode(good), "peer-a")
+    assert verdict.outcome == "accepted"
+    assert verdict.item.rewards == (1.0, 0.0, pytest.approx(2 / 3), 0.0)
+    assert _send(receiver, _shared(1, ("7", "7", "7", "7"))) == "accepted"  # no signal
     record = receiver.run_round(0)
     # paper sampling: the group without signal is skipped, one slot is filled locally
     assert record["external_groups"] == 1
@@ -52,14 +69,14 @@ def test_received_groups_are_rescored_and_trained_on(receiver: Node) -> None:
 def test_peers_lies_are_refused(receiver: Node) -> None:
     honest = _shared(3, ("777", "x", "y", "z"))
     wrong_question = dataclasses.replace(honest, question="Write eights (3).")
-    assert receiver.receive(wrong_question) is None
+    assert _send(receiver, wrong_question) == "question_mismatch"
     unknown = dataclasses.replace(honest, ref=TaskRef.make("no_such_family", {}, 1, 0))
-    assert receiver.receive(unknown) is None
+    assert _send(receiver, unknown) == "unknown_family"
     hostile_module = dataclasses.replace(honest, ref=TaskRef.make("os:system", {}, 1, 0))
-    assert receiver.receive(hostile_module) is None
-    flood = dataclasses.replace(honest, completions=("7",) * 100_000)
-    assert receiver.receive(flood) is None
-    assert receiver.receive(dataclasses.replace(honest, completions=("7",))) is None
+    assert _send(receiver, hostile_module) == "unknown_family"
+    for count in (1, 65):
+        data = msgpack.packb({**honest.to_wire(), "completions": ["7"] * count})
+        assert receiver.receive(data, "peer-a").reason == "bad_count"
     assert len(receiver.pool) == 0
 
 
@@ -74,8 +91,10 @@ def test_two_nodes_share_through_the_pool(tiny_model_dir: Path, tmp_path: Path) 
     receiver = _node(tiny_model_dir, tmp_path / "b", seed=2, local=1, external=3)
     try:
         for g in groups:
-            shared = SharedGroup(g.task.ref, g.task.question, tuple(g.texts), author="a")
-            assert receiver.receive(shared) is not None
+            shared = dataclasses.replace(
+                _shared(0, tuple(g.texts)), ref=g.task.ref, question=g.task.question
+            )
+            assert _send(receiver, shared, "a") == "accepted"
         receiver.pool.sampling = "uniform"
         record = receiver.run_round(0)
         assert record["external_groups"] == 3 and record["local_groups"] == 1

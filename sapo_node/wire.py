@@ -1,0 +1,358 @@
+"""The wire format: the rollout-group message, its MessagePack encoding, strict decoding.
+
+This module mirrors protocol/SPEC.md field by field, and protocol/vectors/ holds golden
+messages that the tests check in both directions: a change here is a change there.
+
+Decoding is strict and never raises: ``decode(data)`` returns a ``RolloutGroup`` or a
+``Rejection`` whose ``reason`` is one of the codes below. It checks form only (types,
+sizes, ranges, spelling); what a message *means* (a known family, a question that matches
+its regenerated task, the rewards) is checked by the receiver (intake.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from sapo_node.tasks import TaskRef, canonical_json
+
+PROTOCOL_VERSION = 1
+MODALITY_TEXT = "text"
+
+# Size limits, in bytes of UTF-8 unless said otherwise (protocol/SPEC.md, "Limits").
+MAX_MESSAGE_BYTES = 512 * 1024
+MIN_COMPLETIONS = 2
+MAX_COMPLETIONS = 64
+MAX_COMPLETION_BYTES = 8 * 1024
+MAX_QUESTION_BYTES = 16 * 1024
+MAX_ANSWER_BYTES = 4 * 1024
+MAX_METADATA_BYTES = 16 * 1024
+MAX_CONFIG_BYTES = 2 * 1024
+MAX_FAMILY_BYTES = 128
+MAX_GENERATOR_BYTES = 64
+MAX_MODEL_BYTES = 256
+MAX_MODALITY_BYTES = 32
+MAX_UINT = 2**63 - 1  # seeds, indices, rounds, times: non-negative, fit a signed int64
+MAX_JSON_DEPTH = 8
+
+FAMILY_PATTERN = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*(:[A-Za-z0-9_]+)?")
+GENERATOR_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+ [A-Za-z0-9_.+-]+")
+SWARM_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+# Rejection reasons found by decode (the receiver adds its own in intake.py).
+OVERSIZE = "oversize"
+MALFORMED = "malformed"
+BAD_UTF8 = "bad_utf8"
+NOT_A_MAP = "not_a_map"
+DUPLICATE_FIELD = "duplicate_field"
+UNSUPPORTED_VERSION = "unsupported_version"
+UNSUPPORTED_MODALITY = "unsupported_modality"
+UNKNOWN_FIELD = "unknown_field"
+MISSING_FIELD = "missing_field"
+WRONG_TYPE = "wrong_type"
+TOO_LONG = "too_long"
+BAD_COUNT = "bad_count"
+BAD_VALUE = "bad_value"
+
+# Reasons that do not mark the sender as misbehaving: a newer or differently equipped
+# peer sends them in good faith. The message is dropped, not forwarded, not penalised.
+IGNORED = frozenset({UNSUPPORTED_VERSION, UNSUPPORTED_MODALITY})
+
+# The fields of a version-1 text message and their MessagePack types, in encoding order.
+FIELDS: dict[str, tuple[type, ...]] = {
+    "version": (int,),
+    "modality": (str,),
+    "task": (dict,),
+    "generator": (str,),
+    "question": (str,),
+    "answer": (str, type(None)),
+    "metadata": (str, type(None)),
+    "completions": (list,),
+    "model": (str,),
+    "round": (int,),
+    "created": (int,),
+}
+TASK_FIELDS: dict[str, tuple[type, ...]] = {
+    "family": (str,),
+    "config": (str,),
+    "seed": (int,),
+    "index": (int,),
+}
+
+
+def topic(swarm: str) -> str:
+    """The pubsub topic of a swarm's rollout groups, carrying the protocol's major version.
+
+    >>> topic("demo")
+    'sapo/demo/rollouts/v1'
+    """
+    if not SWARM_PATTERN.fullmatch(swarm):
+        raise ValueError(
+            f"swarm name {swarm!r} must be 1-63 characters of a-z, 0-9 and '-', "
+            "starting with a letter or digit"
+        )
+    return f"sapo/{swarm}/rollouts/v{PROTOCOL_VERSION}"
+
+
+@dataclass(frozen=True)
+class RolloutGroup:
+    """One task and L completions of it, as text: what a node tells its peers."""
+
+    ref: TaskRef
+    generator: str
+    question: str
+    completions: tuple[str, ...]
+    model: str
+    round: int
+    created_ms: int
+    answer: str | None = None
+    metadata: str | None = None
+    modality: str = MODALITY_TEXT
+    version: int = PROTOCOL_VERSION
+
+    def to_wire(self) -> dict[str, Any]:
+        """The message as the plain map that is encoded, fields in spec order."""
+        return {
+            "version": self.version,
+            "modality": self.modality,
+            "task": {
+                "family": self.ref.family,
+                "config": self.ref.config_json,
+                "seed": self.ref.seed,
+                "index": self.ref.index,
+            },
+            "generator": self.generator,
+            "question": self.question,
+            "answer": self.answer,
+            "metadata": self.metadata,
+            "completions": list(self.completions),
+            "model": self.model,
+            "round": self.round,
+            "created": self.created_ms,
+        }
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a message was refused: a reason code from the spec and a human detail."""
+
+    reason: str
+    detail: str = field(default="", compare=False)
+
+    @property
+    def ignored(self) -> bool:
+        """Dropped without blame (a newer or different peer), as opposed to refused."""
+        return self.reason in IGNORED
+
+
+class EncodeError(ValueError):
+    """This node tried to send something the protocol does not allow."""
+
+
+def encode(group: RolloutGroup) -> bytes:
+    """The message's bytes; EncodeError if it breaks a rule a receiver would refuse."""
+    try:
+        data = msgpack.packb(group.to_wire(), use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        raise EncodeError(f"cannot encode: {exc}") from None
+    checked = decode(data)
+    if isinstance(checked, Rejection):
+        raise EncodeError(f"{checked.reason}: {checked.detail}")
+    return data
+
+
+class _Map(tuple):
+    """A decoded MessagePack map, kept as its (key, value) pairs to see duplicates."""
+
+
+def decode(data: bytes) -> RolloutGroup | Rejection:
+    """Strictly decode one message. Never raises."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        return Rejection(MALFORMED, f"expected bytes, got {type(data).__name__}")
+    if len(data) > MAX_MESSAGE_BYTES:
+        return Rejection(OVERSIZE, f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
+    try:
+        raw = msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=False,
+            object_pairs_hook=_Map,
+            max_str_len=MAX_MESSAGE_BYTES,
+            max_bin_len=MAX_MESSAGE_BYTES,
+            max_array_len=MAX_MESSAGE_BYTES,
+            max_map_len=MAX_MESSAGE_BYTES,
+            max_ext_len=MAX_MESSAGE_BYTES,
+        )
+    except UnicodeDecodeError as exc:
+        return Rejection(BAD_UTF8, str(exc))
+    except Exception as exc:  # msgpack raises several types for broken input
+        return Rejection(MALFORMED, f"{type(exc).__name__}: {exc}".rstrip(": "))
+    try:
+        return _from_wire(raw)
+    except _Refused as exc:
+        return exc.rejection
+    except RecursionError:
+        return Rejection(MALFORMED, "nested too deeply")
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        self.rejection = Rejection(reason, detail)
+
+
+def _fields(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, _Map):
+        raise _Refused(NOT_A_MAP, f"{where} is not a map but: {_type_name(value)}")
+    out: dict[str, Any] = {}
+    for key, item in value:
+        if not isinstance(key, str):
+            raise _Refused(WRONG_TYPE, f"{where} has a key of type {_type_name(key)}")
+        if key in out:
+            raise _Refused(DUPLICATE_FIELD, f"{where} has {key!r} twice")
+        out[key] = item
+    return out
+
+
+def _check_fields(got: dict[str, Any], spec: dict[str, tuple[type, ...]], where: str) -> None:
+    for key in got:
+        if key not in spec:
+            raise _Refused(UNKNOWN_FIELD, f"{where} has unknown field {key[:40]!r}")
+    for key, types in spec.items():
+        if key not in got:
+            raise _Refused(MISSING_FIELD, f"{where} lacks {key!r}")
+        value = got[key]
+        # bool is an int in Python, not in MessagePack: compare exact types.
+        if type(value) not in types and not (dict in types and isinstance(value, _Map)):
+            expected = " or ".join(_type_name(t) for t in types)
+            raise _Refused(
+                WRONG_TYPE, f"{where}.{key} is of type {_type_name(value)}, not {expected}"
+            )
+
+
+def _from_wire(raw: Any) -> RolloutGroup:
+    msg = _fields(raw, "message")
+    # Version and modality first: a newer or different peer's message stops here,
+    # whatever else it carries.
+    version = msg.get("version")
+    if type(version) is not int:
+        raise _Refused(MISSING_FIELD if version is None else WRONG_TYPE, "version")
+    if version != PROTOCOL_VERSION:
+        raise _Refused(UNSUPPORTED_VERSION, f"version {version}, this node speaks 1")
+    modality = msg.get("modality")
+    if type(modality) is not str:
+        raise _Refused(MISSING_FIELD if modality is None else WRONG_TYPE, "modality")
+    if modality != MODALITY_TEXT:
+        raise _Refused(UNSUPPORTED_MODALITY, f"modality {modality[:MAX_MODALITY_BYTES]!r}")
+    _check_fields(msg, FIELDS, "message")
+    task = _fields(msg["task"], "task")
+    _check_fields(task, TASK_FIELDS, "task")
+
+    family = _text(task["family"], "task.family", MAX_FAMILY_BYTES)
+    if not FAMILY_PATTERN.fullmatch(family):
+        raise _Refused(BAD_VALUE, f"task.family {family!r} is not a family name")
+    config = _text(task["config"], "task.config", MAX_CONFIG_BYTES)
+    _json_object(config, "task.config", canonical=True)
+    seed = _uint(task["seed"], "task.seed")
+    index = _uint(task["index"], "task.index")
+    generator = _text(msg["generator"], "generator", MAX_GENERATOR_BYTES)
+    if not GENERATOR_PATTERN.fullmatch(generator):
+        raise _Refused(BAD_VALUE, f"generator {generator!r} is not 'name version'")
+    question = _text(msg["question"], "question", MAX_QUESTION_BYTES)
+    answer = msg["answer"]
+    if answer is not None:
+        _text(answer, "answer", MAX_ANSWER_BYTES)
+    metadata = msg["metadata"]
+    if metadata is not None:
+        _json_object(_text(metadata, "metadata", MAX_METADATA_BYTES), "metadata")
+    completions = msg["completions"]
+    if not MIN_COMPLETIONS <= len(completions) <= MAX_COMPLETIONS:
+        raise _Refused(
+            BAD_COUNT,
+            f"{len(completions)} completions, need {MIN_COMPLETIONS} to {MAX_COMPLETIONS}",
+        )
+    for i, c in enumerate(completions):
+        if type(c) is not str:
+            raise _Refused(WRONG_TYPE, f"completions[{i}] is of type {_type_name(c)}, not str")
+        _text(c, f"completions[{i}]", MAX_COMPLETION_BYTES)
+    return RolloutGroup(
+        ref=TaskRef(family, config, seed, index),
+        generator=generator,
+        question=question,
+        completions=tuple(completions),
+        model=_text(msg["model"], "model", MAX_MODEL_BYTES),
+        round=_uint(msg["round"], "round"),
+        created_ms=_uint(msg["created"], "created"),
+        answer=answer,
+        metadata=metadata,
+    )
+
+
+def _text(value: str, where: str, limit: int) -> str:
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise _Refused(TOO_LONG, f"{where} is {size} bytes > {limit}")
+    return value
+
+
+def _uint(value: int, where: str) -> int:
+    if not 0 <= value <= MAX_UINT:
+        raise _Refused(BAD_VALUE, f"{where} = {value} is outside 0..2^63-1")
+    return value
+
+
+def _json_object(text: str, where: str, canonical: bool = False) -> dict[str, Any]:
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise _Refused(BAD_VALUE, f"{where} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise _Refused(BAD_VALUE, f"{where} is not a JSON object")
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise _Refused(BAD_VALUE, f"{where} nests deeper than {MAX_JSON_DEPTH}")
+    if canonical and canonical_json(value) != text:
+        raise _Refused(BAD_VALUE, f"{where} is not in canonical form (sorted keys, no spaces)")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+def _type_name(value: Any) -> str:
+    t = value if isinstance(value, type) else type(value)
+    if t is _Map or t is dict:
+        return "map"
+    return {
+        type(None): "nil",
+        bool: "bool",
+        int: "int",
+        float: "float",
+        str: "str",
+        bytes: "bin",
+        list: "array",
+    }.get(t, t.__name__)
+
+
+def clip_utf8(text: str, limit: int) -> str:
+    """The longest prefix of ``text`` whose UTF-8 form fits ``limit`` bytes.
+
+    >>> clip_utf8("añb", 2)
+    'a'
+    """
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
