@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sapo_node.config import CurriculumSection, FamilySection
-from sapo_node.tasks import TaskRef
+from sapo_node.tasks import TaskRef, canonical_json
 
 # Room for this many tasks per round in the index space of one node's seed.
 TASKS_PER_ROUND_STRIDE = 4096
@@ -72,6 +72,13 @@ class Curriculum:
     def config_for(self, family: str) -> dict[str, Any]:
         """The dataset config of a family at its current level."""
         return {**self.families[family].config, **self.levels[family][self.level[family]]}
+
+    def known_configs(self) -> dict[str, frozenset[str]]:
+        """Per family, the canonical config of every level: the tasks this node would set."""
+        return {
+            name: frozenset(canonical_json({**f.config, **level}) for level in self.levels[name])
+            for name, f in self.families.items()
+        }
 
     def sample(self, seed: int, round_: int, count: int) -> list[TaskRef]:
         """``count`` task references for a round, reproducible from (seed, round)."""

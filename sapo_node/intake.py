@@ -7,9 +7,12 @@ In order, cheapest first, each step refusing with a counted reason (protocol/SPE
 2. strict decoding of the message (wire.py): form, types, sizes, version, modality;
 3. its time: not older than the pool keeps groups, not from the future;
 4. the pool's admission: not a duplicate, within the author's rate limit;
-5. a family this node knows, made by the same generator (ReasoningGym version);
-6. the task regenerated from its reference by this node, in the sandbox worker, and
-   its question compared with the text that came; an attached answer must match too;
+5. a family and a config this node's own curriculum sets (any level), made by the same
+   generator (ReasoningGym version). Task generators run on their config, and some of
+   them ``eval`` expressions built from it: a peer's config must never reach them, so
+   only configs this node would use itself are regenerated;
+6. the task regenerated from its reference by this node, and its question compared with
+   the text that came; an attached answer must be the task's own answer;
 7. every completion scored by this node's own verifier, in the sandbox worker.
 
 A sender's answer, reward or advantage is never trusted. Custom-family tasks this node
@@ -17,7 +20,7 @@ cannot regenerate are ignored unless ``pool.accept_unregenerable`` is set, in wh
 they are scored against the answer they carry.
 
 Outcomes: ``accepted`` (pooled), ``rejected`` (the sender broke a rule: the transport
-may penalise it) or ``ignored`` (dropped without blame: a newer or differently equipped
+may penalise it) or ``ignored`` (dropped without blame: a newer or differently set-up
 peer, or a problem on this side).
 """
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,12 +37,7 @@ import structlog
 
 from sapo_node import wire
 from sapo_node.pool import MAX_AUTHOR_CHARS, OTHERS, Pool, PooledGroup, group_digest
-from sapo_node.tasks import (
-    RegenerateError,
-    Scorer,
-    Task,
-    generator_of,
-)
+from sapo_node.tasks import Scorer, Task, generator_of, make_task
 
 log = structlog.get_logger(__name__)
 
@@ -51,13 +49,19 @@ DUPLICATE = "duplicate"
 RATE_LIMITED = "rate_limited"
 UNKNOWN_FAMILY = "unknown_family"
 GENERATOR_MISMATCH = "generator_mismatch"
+UNKNOWN_CONFIG = "unknown_config"
 CANNOT_REGENERATE = "cannot_regenerate"
-BAD_TASK = "bad_task"
 QUESTION_MISMATCH = "question_mismatch"
 ANSWER_MISMATCH = "answer_mismatch"
 POOL_UNAVAILABLE = "pool_unavailable"
 
-IGNORED = wire.IGNORED | {UNKNOWN_FAMILY, GENERATOR_MISMATCH, CANNOT_REGENERATE, POOL_UNAVAILABLE}
+IGNORED = wire.IGNORED | {
+    UNKNOWN_FAMILY,
+    UNKNOWN_CONFIG,
+    GENERATOR_MISMATCH,
+    CANNOT_REGENERATE,
+    POOL_UNAVAILABLE,
+}
 
 Outcome = Literal["accepted", "rejected", "ignored"]
 
@@ -72,6 +76,12 @@ class Verdict:
     item: PooledGroup | None = None
 
 
+class _Refused(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
 class Intake:
     """Checks peers' messages and pools the ones that pass."""
 
@@ -80,14 +90,14 @@ class Intake:
         pool: Pool,
         scorer: Scorer,
         *,
-        custom_families: Collection[str] = (),
+        known_configs: Mapping[str, Collection[str]],
         accept_unregenerable: bool = False,
         max_clock_skew_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
         self.scorer = scorer
-        self.custom_families = frozenset(custom_families)
+        self.known_configs = {family: frozenset(c) for family, c in known_configs.items()}
         self.accept_unregenerable = accept_unregenerable
         self.max_clock_skew_s = max_clock_skew_s
         self.clock = clock
@@ -109,14 +119,12 @@ class Intake:
         admission = self.pool.check(author, digest)
         if admission is not None:
             return self._refuse(author, admission)
-        checked = self._regenerate(msg)
-        if isinstance(checked, Verdict):
-            return self._refuse(author, checked.reason, checked.detail)
-        if checked is None:
-            results = self.scorer.score_ref(msg.ref, msg.completions)
-        else:
-            results = self.scorer.score(checked, msg.completions)
-        item = PooledGroup(msg, author, tuple(r.reward for r in results), now)
+        try:
+            task = self._task(msg)
+        except _Refused as exc:
+            return self._refuse(author, exc.reason, exc.detail)
+        rewards = tuple(r.reward for r in self.scorer.score(task, msg.completions))
+        item = PooledGroup(msg, author, rewards, now)
         try:
             self.pool.add(item, data, digest)
         except sqlite3.Error as exc:  # a full disk, a broken file: not the peer's doing
@@ -124,43 +132,33 @@ class Intake:
             return Verdict("ignored", POOL_UNAVAILABLE, str(exc))
         return Verdict("accepted", item=item)
 
-    def _regenerate(self, msg: wire.RolloutGroup) -> Task | Verdict | None:
-        """None when the worker regenerated the task and it matches; a Task built from the
-        message for trusted unregenerable custom tasks; else the Verdict refusing it."""
-        family = msg.ref.family
-        custom = ":" in family
-        if custom and family not in self.custom_families:
-            # A peer must never make this node import a module of its choosing.
-            return Verdict("ignored", UNKNOWN_FAMILY, family)
-        if not custom and not _is_reasoning_gym(family):
-            return Verdict("ignored", UNKNOWN_FAMILY, family)
-        ours = generator_of(family)
+    def _task(self, msg: wire.RolloutGroup) -> Task:
+        """The task of a message, made by this node; _Refused if it is not one we can trust."""
+        ref = msg.ref
+        configs = self.known_configs.get(ref.family)
+        if configs is None:
+            # Also what keeps a peer from making this node import a module of its choosing.
+            raise _Refused(UNKNOWN_FAMILY, ref.family)
+        if ref.config_json not in configs:
+            raise _Refused(UNKNOWN_CONFIG, ref.config_json[:200])
+        ours = generator_of(ref.family)
         if msg.generator != ours:
-            return Verdict("ignored", GENERATOR_MISMATCH, f"{msg.generator!r}, ours {ours!r}")
+            raise _Refused(GENERATOR_MISMATCH, f"{msg.generator!r}, ours {ours!r}")
         try:
-            question, answer = self.scorer.regenerate(msg.ref)
-        except RegenerateError as exc:
-            if custom and self.accept_unregenerable and msg.answer is not None:
+            task = make_task(ref)
+        except Exception as exc:  # a custom family's data may be missing on this node
+            if self.accept_unregenerable and msg.answer is not None:
                 metadata = json.loads(msg.metadata) if msg.metadata else {}
-                return Task(msg.ref, msg.question, msg.answer, metadata)
-            # A ReasoningGym reference that does not build is the sender's fault; a
-            # custom family's dataset may simply be missing here.
-            reason = CANNOT_REGENERATE if custom else BAD_TASK
-            return Verdict("ignored" if custom else "rejected", reason, str(exc)[:200])
-        if question != msg.question:
-            return Verdict("rejected", QUESTION_MISMATCH, "the regenerated question differs")
-        if msg.answer is not None and answer is not None and msg.answer != str(answer):
-            return Verdict("rejected", ANSWER_MISMATCH, "the attached answer is not the task's")
-        return None
+                return Task(ref, msg.question, msg.answer, metadata)
+            raise _Refused(CANNOT_REGENERATE, f"{type(exc).__name__}: {exc}"[:200]) from None
+        if task.question != msg.question:
+            raise _Refused(QUESTION_MISMATCH, "the regenerated question differs")
+        if msg.answer is not None and msg.answer != task.answer:
+            raise _Refused(ANSWER_MISMATCH, "the attached answer is not the task's")
+        return task
 
     def _refuse(self, author: str, reason: str, detail: str = "") -> Verdict:
         outcome: Outcome = "ignored" if reason in IGNORED else "rejected"
         self.pool.record(author, reason)
         log.debug("group refused", author=author, reason=reason, detail=detail, outcome=outcome)
         return Verdict(outcome, reason, detail)
-
-
-def _is_reasoning_gym(family: str) -> bool:
-    from reasoning_gym.factory import DATASETS
-
-    return family in DATASETS

@@ -157,7 +157,7 @@ class Node:
         self.intake = Intake(
             self.pool,
             self.scorer,
-            custom_families=[f.name for f in config.tasks.families if ":" in f.name],
+            known_configs=self.curriculum.known_configs(),
             accept_unregenerable=config.pool.accept_unregenerable,
             max_clock_skew_s=config.pool.max_clock_skew_s,
         )

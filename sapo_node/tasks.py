@@ -196,30 +196,6 @@ def score_in_worker(task: Task, completion: str) -> float:
     return min(1.0, max(0.0, float(score)))
 
 
-@functools.lru_cache(maxsize=64)
-def _task_in_worker(ref: TaskRef) -> Task:
-    return make_task(ref)
-
-
-def worker_call(op: str, ref: TaskRef | None, task: Task | None, completion: str = "") -> Any:
-    """The scoring worker's entry point.
-
-    - ``score``: score ``completion`` against ``task`` (a task this node made or trusts);
-    - ``regenerate``: the question and answer of ``ref``, made by this worker's own
-      ReasoningGym (a peer's reference may ask for a slow or huge task: the sandbox's
-      time and memory limits apply);
-    - ``score_ref``: score ``completion`` against the task regenerated from ``ref``.
-    """
-    if op == "score":
-        return score_in_worker(task, completion)
-    if op == "regenerate":
-        made = _task_in_worker(ref)
-        return made.question, made.answer
-    if op == "score_ref":
-        return score_in_worker(_task_in_worker(ref), completion)
-    raise ValueError(f"unknown worker operation {op!r}")
-
-
 def generator_of(family: str) -> str:
     """What generates a family's tasks, as 'name version'; peers must agree on it.
 
@@ -244,10 +220,6 @@ class ScorerUnavailable(RuntimeError):
     """The scoring worker cannot start: the node cannot score anything."""
 
 
-class RegenerateError(RuntimeError):
-    """A task could not be regenerated from its reference (the reason is the message)."""
-
-
 class Scorer:
     """Scores completions in a sandboxed worker; failures score 0 and are logged.
 
@@ -268,7 +240,7 @@ class Scorer:
         self.correct_threshold = correct_threshold
         self.max_completion_chars = max_completion_chars
         self._sandbox = Sandbox(
-            worker_call,
+            score_in_worker,
             SandboxLimits(
                 timeout_s=timeout_s,
                 memory_mb=memory_mb,
@@ -287,31 +259,13 @@ class Scorer:
     def score(self, task: Task, completions: Sequence[str]) -> list[ScoreResult]:
         """Score every completion of one task, in order."""
         bounded = [c[: self.max_completion_chars] for c in completions]
-        return self._results(task.ref, [("score", None, task, c) for c in bounded])
-
-    def regenerate(self, ref: TaskRef) -> tuple[str, str | None]:
-        """(question, answer) of a peer's task reference, made in the sandbox worker."""
-        result = self._sandbox.call("regenerate", ref, None)
-        if result.error is not None and result.error.startswith("startup failed"):
-            raise ScorerUnavailable(f"the scoring worker cannot start: {result.error}")
-        if result.error is not None:
-            raise RegenerateError(result.error)
-        question, answer = result.value
-        return question, answer
-
-    def score_ref(self, ref: TaskRef, completions: Sequence[str]) -> list[ScoreResult]:
-        """Score completions against the task the worker regenerates from ``ref``."""
-        bounded = [c[: self.max_completion_chars] for c in completions]
-        return self._results(ref, [("score_ref", ref, None, c) for c in bounded])
-
-    def _results(self, ref: TaskRef, calls: list[tuple[Any, ...]]) -> list[ScoreResult]:
-        results = self._sandbox.map(calls)
+        results = self._sandbox.map([(task, c) for c in bounded])
         out = []
         for r in results:
             if r.error is not None and r.error.startswith("startup failed"):
                 raise ScorerUnavailable(f"the scoring worker cannot start: {r.error}")
             if r.error is not None:
-                log.warning("verifier failed", family=ref.family, reason=r.error)
+                log.warning("verifier failed", family=task.ref.family, reason=r.error)
                 out.append(ScoreResult(0.0, 0.0, r.error))
             else:
                 out.append(ScoreResult(self._to_reward(r.value), r.value))

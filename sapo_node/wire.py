@@ -240,12 +240,12 @@ def _from_wire(raw: Any) -> RolloutGroup:
     # whatever else it carries.
     version = msg.get("version")
     if type(version) is not int:
-        raise _Refused(MISSING_FIELD if version is None else WRONG_TYPE, "version")
+        raise _Refused(WRONG_TYPE if "version" in msg else MISSING_FIELD, "version")
     if version != PROTOCOL_VERSION:
         raise _Refused(UNSUPPORTED_VERSION, f"version {version}, this node speaks 1")
     modality = msg.get("modality")
     if type(modality) is not str:
-        raise _Refused(MISSING_FIELD if modality is None else WRONG_TYPE, "modality")
+        raise _Refused(WRONG_TYPE if "modality" in msg else MISSING_FIELD, "modality")
     if modality != MODALITY_TEXT:
         raise _Refused(UNSUPPORTED_MODALITY, f"modality {modality[:MAX_MODALITY_BYTES]!r}")
     _check_fields(msg, FIELDS, "message")
@@ -312,7 +312,7 @@ def _json_object(text: str, where: str, canonical: bool = False) -> dict[str, An
         raise _Refused(BAD_VALUE, f"{where} is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise _Refused(BAD_VALUE, f"{where} is not a JSON object")
-    if _depth(value) > MAX_JSON_DEPTH:
+    if _depth(value, MAX_JSON_DEPTH + 1) > MAX_JSON_DEPTH:
         raise _Refused(BAD_VALUE, f"{where} nests deeper than {MAX_JSON_DEPTH}")
     if canonical and canonical_json(value) != text:
         raise _Refused(BAD_VALUE, f"{where} is not in canonical form (sorted keys, no spaces)")
@@ -323,12 +323,12 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _depth(value: Any) -> int:
-    if isinstance(value, dict):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
+def _depth(value: Any, limit: int) -> int:
+    """The nesting depth of a JSON value, counted no further than ``limit``."""
+    if limit <= 0 or not isinstance(value, dict | list):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
 def _type_name(value: Any) -> str:

@@ -80,24 +80,29 @@ def test_peers_lies_are_refused(receiver: Node) -> None:
     assert len(receiver.pool) == 0
 
 
-def test_two_nodes_share_through_the_pool(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_two_nodes_share_through_the_wire_and_a_restart_keeps_the_pool(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    outbox: list[bytes] = []
     sender = _node(tiny_model_dir, tmp_path / "a", seed=1, local=3, external=0)
+    sender.publish = outbox.append
     try:
-        groups, _ = sender._generate(
-            [make_task(r) for r in sender.curriculum.sample(sender.seed, 0, 3)], 0
-        )
+        assert sender.run_round(0)["groups_published"] == 3
     finally:
         sender.close()
     receiver = _node(tiny_model_dir, tmp_path / "b", seed=2, local=1, external=3)
     try:
-        for g in groups:
-            shared = dataclasses.replace(
-                _shared(0, tuple(g.texts)), ref=g.task.ref, question=g.task.question
-            )
-            assert _send(receiver, shared, "a") == "accepted"
+        assert [receiver.receive(m, "a").outcome for m in outbox] == ["accepted"] * 3
+    finally:
+        receiver.close()
+    receiver = _node(tiny_model_dir, tmp_path / "b", seed=2, local=1, external=3)
+    try:
+        assert len(receiver.pool) == 3 and receiver.pool.counts()["a"] == {"accepted": 3}
+        assert receiver.receive(outbox[0], "a").reason == "duplicate"  # remembered too
         receiver.pool.sampling = "uniform"
         record = receiver.run_round(0)
         assert record["external_groups"] == 3 and record["local_groups"] == 1
+        assert len(receiver.pool) == 0
     finally:
         receiver.close()
 
