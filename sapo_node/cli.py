@@ -135,13 +135,14 @@ def start(
     from sapo_node.checkpoint import CheckpointError
     from sapo_node.node import DataDirInUse, Node
     from sapo_node.policy import ModelLoadError
+    from sapo_node.pool import PoolError
     from sapo_node.tasks import RG_VERSION
 
     log.info("config", **json.loads(cfg.model_dump_json()))
     stop = threading.Event()
     try:
         node = Node(cfg, stop=stop)
-    except (ModelLoadError, DataDirInUse, CheckpointError) as exc:
+    except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:
         _fail(str(exc))
     log.info(
         "node ready",

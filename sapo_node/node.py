@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import random
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -174,7 +175,7 @@ class Node:
         """Algorithm 1, one round; returns the round's metrics."""
         s, timer = self.config.train, Timer()
         with timer("round"):
-            external = self.pool.sample(s.external_groups, random.Random(f"{self.seed}:pool:{r}"))
+            external = self._take_external(r)
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
             with timer("generate"):
@@ -231,6 +232,15 @@ class Node:
             if done_here and self.round % self.config.node.checkpoint_every != 0:
                 self.save()
         return done_here
+
+    def _take_external(self, r: int) -> list[PooledGroup]:
+        """J groups from the pool; none if the pool cannot be read (the round goes on)."""
+        count = self.config.train.external_groups
+        try:
+            return self.pool.sample(count, random.Random(f"{self.seed}:pool:{r}"))
+        except sqlite3.Error as exc:
+            log.error("cannot read the pool: this round uses own groups only", error=str(exc))
+            return []
 
     def _out_of_memory_hint(self) -> str:
         c = self.config

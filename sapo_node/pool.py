@@ -265,9 +265,13 @@ class Pool:
     def check(self, author: str, digest: bytes) -> str | None:
         """Before any costly check: 'duplicate', 'rate_limited', or None to go on."""
         with self._lock:
-            if self._db.execute("SELECT 1 FROM seen WHERE digest = ?", (digest,)).fetchone():
+            now = self.clock()
+            if self._db.execute(
+                "SELECT 1 FROM seen WHERE digest = ? AND time >= ?",
+                (digest, now - self.max_age_s),
+            ).fetchone():
                 return "duplicate"
-            if not self.limiter.allow(author, self.clock()):
+            if not self.limiter.allow(author, now):
                 return "rate_limited"
             return None
 
@@ -275,6 +279,9 @@ class Pool:
         """Keep a verified group (its wire bytes and this node's rewards)."""
         now = self.clock()
         with self._lock, self._db:
+            # Stale groups go first: they must not push out fresh ones, nor hold the digest
+            # of a group that is sent again after max_age_s.
+            self._expire(now)
             self._db.execute("INSERT OR REPLACE INTO seen VALUES (?, ?)", (digest, now))
             cur = self._db.execute(
                 "INSERT OR IGNORE INTO groups (digest, author, family, spread, rewards, "
@@ -293,7 +300,6 @@ class Pool:
             if cur.rowcount:
                 self._count(item.author, ACCEPTED)
             self._evict(item.author)
-            self._expire(now)
             self._flush_counts()
 
     def record(self, author: str, outcome: str) -> None:
@@ -415,7 +421,9 @@ def _open(path: Path | None) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         return _connect(str(path))
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.OperationalError as exc:  # cannot open, read-only, disk I/O, locked
+        raise PoolError(f"cannot open the pool at {path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:  # not a database, or not ours
         aside = path.with_name(f"{path.name}.unusable-{int(time.time())}")
         path.rename(aside)
         for suffix in ("-wal", "-shm"):
