@@ -197,6 +197,21 @@ def plot(
         typer.echo(str(p))
 
 
+@app.command("pool")
+def show_pool(
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="The node's state directory.")] = None,
+) -> None:
+    """Print what the node's pool holds and, per peer, groups accepted and refused by reason."""
+    from sapo_node.pool import PoolError, summary
+
+    cfg = _config(config, data_dir=data_dir)
+    try:
+        typer.echo(json.dumps(summary(cfg.node.resolved_data_dir() / "pool.sqlite3"), indent=2))
+    except PoolError as exc:
+        _fail(str(exc))
+
+
 @app.command("config")
 def show_config(
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,

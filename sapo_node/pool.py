@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import structlog
@@ -412,6 +413,35 @@ class Pool:
             self._count(author, "expired", n)
         self._db.execute("DELETE FROM groups WHERE received < ?", (cutoff,))
         self._db.execute("DELETE FROM seen WHERE time < ?", (cutoff,))
+
+
+def summary(path: Path) -> dict[str, Any]:
+    """What a pool file holds, read without writing (a running node may hold it)."""
+    if not path.exists():
+        raise PoolError(f"no pool at {path}")
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            groups, size, with_signal = db.execute(
+                "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(spread > 0), 0) FROM groups"
+            ).fetchone()
+            families = dict(db.execute("SELECT family, count(*) FROM groups GROUP BY family"))
+            held = dict(db.execute("SELECT author, count(*) FROM groups GROUP BY author"))
+            peers: dict[str, dict[str, int]] = {}
+            for author, outcome, n in db.execute("SELECT author, outcome, n FROM counts"):
+                peers.setdefault(author, {})[outcome] = n
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise PoolError(f"cannot read the pool at {path}: {exc}") from None
+    return {
+        "path": str(path),
+        "groups": groups,
+        "mb": round(size / 2**20, 3),
+        "groups_with_signal": with_signal,
+        "families": families,
+        "peers": {a: {"held": held.get(a, 0), **c} for a, c in sorted(peers.items())},
+    }
 
 
 def _open(path: Path | None) -> sqlite3.Connection:

@@ -145,3 +145,39 @@ def test_out_of_memory_stops_with_a_hint(tiny_model_dir: Path, tmp_path: Path, m
     finally:
         node.close()
     assert "out of memory in round 0" in node.failure and "--lora" in node.failure
+
+
+PRIVATE = "tests.support.families:PrivateData"
+
+
+@pytest.mark.parametrize("accept", [False, True])
+def test_unregenerable_custom_tasks_are_ignored_unless_configured(
+    tiny_model_dir: Path, tmp_path: Path, accept: bool
+) -> None:
+    overrides = sevens_overrides(
+        tiny_model_dir,
+        tmp_path,
+        tasks={"families": [{"name": SEVENS}, {"name": PRIVATE, "weight": 1e-9}]},
+        pool={"accept_unregenerable": accept},
+    )
+    node = Node(load_config(overrides=overrides, environ={}))
+    try:
+        foreign = dataclasses.replace(
+            _shared(0, ("42", "41", " 42 ", "x")),
+            ref=TaskRef.make(PRIVATE, {}, 1, 14),
+            generator="private-data 1",
+            question="Say 42.",
+            answer="42",
+            metadata='{"source":"peer"}',
+        )
+        verdict = node.receive(wire.encode(foreign), "peer-p")
+        if accept:  # scored against the answer the peer attached
+            assert verdict.outcome == "accepted"
+            assert verdict.item.rewards == (1.0, 0.0, 1.0, 0.0)
+        else:
+            assert (verdict.outcome, verdict.reason) == ("ignored", "cannot_regenerate")
+        # an item this node holds is regenerated and its answer checked, switch or not
+        lie = dataclasses.replace(foreign, ref=TaskRef.make(PRIVATE, {}, 1, 3), question="Say 9.")
+        assert node.receive(wire.encode(lie), "peer-p").reason == "answer_mismatch"
+    finally:
+        node.close()

@@ -47,3 +47,18 @@ class Crashes:
 def broken_warmup() -> None:
     """A scoring worker start-up that fails."""
     raise ImportError("reasoning_gym is broken")
+
+
+class PrivateData:
+    """A custom dataset of which each node holds a different share: this node has items
+    below 10; a peer may send others, with their answer attached."""
+
+    generator = "private-data 1"
+
+    def make(self, ref: TaskRef) -> Task:
+        if ref.index >= 10:
+            raise LookupError(f"item {ref.index} is not in this node's copy")
+        return Task(ref, f"Say {ref.index * 3}.", str(ref.index * 3))
+
+    def score(self, task: Task, completion: str) -> float:
+        return 1.0 if completion.strip() == task.answer else 0.0

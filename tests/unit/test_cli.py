@@ -101,3 +101,35 @@ def test_unreadable_node_state_exits_1(tmp_path: Path, capsys) -> None:
     (tmp_path / "node.json").write_text("{broken")
     code, _, err = _run(["start", "--data-dir", str(tmp_path), "--model", "/no/model"], capsys)
     assert code == 1 and "node.json cannot be read" in err
+
+
+def test_pool_prints_what_the_pool_holds_and_per_peer_counts(tmp_path: Path, capsys) -> None:
+    from sapo_node import wire
+    from sapo_node.pool import Pool, PooledGroup, group_digest
+    from sapo_node.tasks import TaskRef
+
+    group = wire.RolloutGroup(
+        TaskRef.make("basic_arithmetic", {}, 1, 2),
+        "reasoning_gym 0.1.25",
+        "What is 2 + 2?",
+        ("4", "5"),
+        model="m",
+        round=0,
+        created_ms=0,
+    )
+    pool = Pool(tmp_path / "pool.sqlite3")
+    pool.add(
+        PooledGroup(group, "peer-a", (1.0, 0.0)), wire.encode(group), group_digest("peer-a", group)
+    )
+    pool.record("peer-b", "question_mismatch")
+    pool.close()
+    main(["pool", "--data-dir", str(tmp_path)])
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["groups"] == 1 and shown["groups_with_signal"] == 1
+    assert shown["families"] == {"basic_arithmetic": 1}
+    assert shown["peers"] == {
+        "peer-a": {"held": 1, "accepted": 1},
+        "peer-b": {"held": 0, "question_mismatch": 1},
+    }
+    code, _, err = _run(["pool", "--data-dir", str(tmp_path / "none")], capsys)
+    assert code == 1 and "no pool at" in err
