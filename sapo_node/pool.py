@@ -27,6 +27,7 @@ functions of the candidates, behind one signature:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -35,7 +36,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,21 +173,22 @@ class RateLimiter:
         self._buckets: dict[str, tuple[float, float]] = {}
 
     def allow(self, author: str, now: float) -> bool:
-        tokens, last = self._buckets.get(author, (float(self.burst), now))
+        tokens, last = self._buckets.pop(author, (float(self.burst), now))
         tokens = min(float(self.burst), tokens + max(0.0, now - last) * self.rate)
-        if len(self._buckets) >= self.max_authors and author not in self._buckets:
-            self._forget_full(now)
-        if tokens < 1.0:
-            self._buckets[author] = (tokens, now)
-            return False
-        self._buckets[author] = (tokens - 1.0, now)
-        return True
+        if len(self._buckets) >= self.max_authors:
+            self._forget(now)
+        allowed = tokens >= 1.0
+        self._buckets[author] = (tokens - 1.0 if allowed else tokens, now)  # most recent last
+        return allowed
 
-    def _forget_full(self, now: float) -> None:
-        """Drop buckets that have refilled (they hold no state worth keeping)."""
+    def _forget(self, now: float) -> None:
+        """Drop buckets that have refilled (they hold nothing worth keeping), then, if there
+        are still too many, the least recently used."""
         for author, (tokens, last) in list(self._buckets.items()):
             if tokens + (now - last) * self.rate >= self.burst:
                 del self._buckets[author]
+        while len(self._buckets) >= self.max_authors:
+            del self._buckets[next(iter(self._buckets))]
 
 
 _SCHEMA = """
@@ -244,7 +246,13 @@ class Pool:
         self._db = _open(path)
         self._counts: Counter[tuple[str, str]] = Counter()
         self._authors = {a for (a,) in self._db.execute("SELECT DISTINCT author FROM counts")}
-        with self._lock:
+        # What sampling and the bounds need, mirrored in memory so that neither scans the
+        # table: candidates by key, and each author's keys (oldest first) and bytes.
+        self._index: dict[int, Candidate] = {}
+        self._held: dict[str, dict[int, int]] = {}
+        self._author_bytes: Counter[str] = Counter()
+        with self._lock, self._db:
+            self._load_index()
             self._expire(self.clock())
 
     @classmethod
@@ -279,26 +287,19 @@ class Pool:
     def add(self, item: PooledGroup, data: bytes, digest: bytes) -> None:
         """Keep a verified group (its wire bytes and this node's rewards)."""
         now = self.clock()
-        with self._lock, self._db:
+        with self._lock, self._consistent():
             # Stale groups go first: they must not push out fresh ones, nor hold the digest
             # of a group that is sent again after max_age_s.
             self._expire(now)
             self._db.execute("INSERT OR REPLACE INTO seen VALUES (?, ?)", (digest, now))
+            cand_fields = (item.author, item.group.ref.family, reward_spread(item.rewards), now)
             cur = self._db.execute(
-                "INSERT OR IGNORE INTO groups (digest, author, family, spread, rewards, "
-                "received, size, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    digest,
-                    item.author,
-                    item.group.ref.family,
-                    reward_spread(item.rewards),
-                    json.dumps(list(item.rewards)),
-                    now,
-                    len(data),
-                    bytes(data),
-                ),
+                "INSERT OR IGNORE INTO groups (digest, author, family, spread, received, "
+                "rewards, size, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (digest, *cand_fields, json.dumps(list(item.rewards)), len(data), bytes(data)),
             )
             if cur.rowcount:
+                self._remember(Candidate(cur.lastrowid, *cand_fields), len(data))
                 self._count(item.author, ACCEPTED)
             self._evict(item.author)
             self._flush_counts()
@@ -314,22 +315,16 @@ class Pool:
         """Take up to ``count`` groups out, chosen by the sampling policy."""
         if count <= 0:
             return []
-        with self._lock, self._db:
+        with self._lock, self._consistent():
             self._expire(self.clock())
-            cands = [
-                Candidate(*row)
-                for row in self._db.execute(
-                    "SELECT key, author, family, spread, received FROM groups ORDER BY key"
-                )
-            ]
-            keys = POLICIES[self.sampling](cands, count, rng)
+            keys = POLICIES[self.sampling](list(self._index.values()), count, rng)
             out = []
             for key in keys:
                 author, rewards, received, message = self._db.execute(
                     "SELECT author, rewards, received, message FROM groups WHERE key = ?", (key,)
                 ).fetchone()
+                self._delete([key])
                 group = wire.decode(message)
-                self._db.execute("DELETE FROM groups WHERE key = ?", (key,))
                 if isinstance(group, wire.Rejection):  # written by an older version of us
                     log.warning("dropping an unreadable pooled group", reason=group.reason)
                     continue
@@ -341,11 +336,11 @@ class Pool:
 
     def __len__(self) -> int:
         with self._lock:
-            return self._db.execute("SELECT count(*) FROM groups").fetchone()[0]
+            return len(self._index)
 
     def size_bytes(self) -> int:
         with self._lock:
-            return self._db.execute("SELECT coalesce(sum(size), 0) FROM groups").fetchone()[0]
+            return sum(self._author_bytes.values())
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Per author: groups accepted, and refused by reason (persisted across restarts)."""
@@ -383,35 +378,61 @@ class Pool:
             )
             self._counts.clear()
 
-    def _evict(self, author: str) -> None:
-        db = self._db
-        (held,) = db.execute("SELECT count(*) FROM groups WHERE author = ?", (author,)).fetchone()
-        if held > self.max_per_author:
-            self._delete_oldest(author, held - self.max_per_author, "evicted_quota")
-        while True:
-            n, size = db.execute("SELECT count(*), coalesce(sum(size), 0) FROM groups").fetchone()
-            if n <= self.max_groups and size <= self.max_bytes:
-                return
-            (largest,) = db.execute(
-                "SELECT author FROM groups GROUP BY author ORDER BY count(*) DESC, min(key) LIMIT 1"
-            ).fetchone()
-            self._delete_oldest(largest, 1, "evicted_full")
+    @contextlib.contextmanager
+    def _consistent(self) -> Iterator[None]:
+        """One transaction; if it fails, the in-memory mirror is rebuilt from the file."""
+        try:
+            with self._db:
+                yield
+        except sqlite3.Error:
+            self._load_index()
+            raise
 
-    def _delete_oldest(self, author: str, n: int, outcome: str) -> None:
-        self._db.execute(
-            "DELETE FROM groups WHERE key IN "
-            "(SELECT key FROM groups WHERE author = ? ORDER BY key LIMIT ?)",
-            (author, n),
-        )
-        self._count(author, outcome, n)
+    def _load_index(self) -> None:
+        self._index.clear()
+        self._held.clear()
+        self._author_bytes.clear()
+        for key, author, family, spread, received, size in self._db.execute(
+            "SELECT key, author, family, spread, received, size FROM groups ORDER BY key"
+        ):
+            self._remember(Candidate(key, author, family, spread, received), size)
+
+    def _remember(self, cand: Candidate, size: int) -> None:
+        self._index[cand.key] = cand
+        self._held.setdefault(cand.author, {})[cand.key] = size
+        self._author_bytes[cand.author] += size
+
+    def _delete(self, keys: Sequence[int], outcome: str | None = None) -> None:
+        self._db.executemany("DELETE FROM groups WHERE key = ?", [(k,) for k in keys])
+        for key in keys:
+            author = self._index.pop(key).author
+            held = self._held[author]
+            self._author_bytes[author] -= held.pop(key)
+            if not held:
+                del self._held[author]
+                del self._author_bytes[author]
+            if outcome:
+                self._count(author, outcome)
+
+    def _evict(self, author: str) -> None:
+        held = self._held.get(author, {})
+        if len(held) > self.max_per_author:
+            self._delete(list(held)[: len(held) - self.max_per_author], "evicted_quota")
+        # Past a bound, the oldest group of the author holding the most (groups or bytes).
+        while len(self._index) > self.max_groups:
+            largest = max(self._held, key=lambda a: len(self._held[a]))
+            self._delete([next(iter(self._held[largest]))], "evicted_full")
+        while sum(self._author_bytes.values()) > self.max_bytes:
+            largest = max(self._author_bytes, key=self._author_bytes.__getitem__)
+            self._delete([next(iter(self._held[largest]))], "evicted_full")
 
     def _expire(self, now: float) -> None:
         cutoff = now - self.max_age_s
-        for author, n in self._db.execute(
-            "SELECT author, count(*) FROM groups WHERE received < ? GROUP BY author", (cutoff,)
-        ).fetchall():
-            self._count(author, "expired", n)
-        self._db.execute("DELETE FROM groups WHERE received < ?", (cutoff,))
+        stale = [
+            k for (k,) in self._db.execute("SELECT key FROM groups WHERE received < ?", (cutoff,))
+        ]
+        if stale:
+            self._delete(stale, "expired")
         self._db.execute("DELETE FROM seen WHERE time < ?", (cutoff,))
 
 
@@ -454,7 +475,7 @@ def _open(path: Path | None) -> sqlite3.Connection:
     except sqlite3.OperationalError as exc:  # cannot open, read-only, disk I/O, locked
         raise PoolError(f"cannot open the pool at {path}: {exc}") from None
     except sqlite3.DatabaseError as exc:  # not a database, or not ours
-        aside = path.with_name(f"{path.name}.unusable-{int(time.time())}")
+        aside = path.with_name(f"{path.name}.unusable-{time.time_ns()}")
         path.rename(aside)
         for suffix in ("-wal", "-shm"):
             path.with_name(path.name + suffix).unlink(missing_ok=True)
