@@ -29,8 +29,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check sapo_node tests scripts
 	$(VENV)/bin/ruff format --check sapo_node tests scripts
 
-bench: $(STAMP)  ## generation-path benchmark on the embedded model
+bench: $(STAMP)  ## generation-path, wire and pool benchmarks (docs/benchmarks.md)
 	$(VENV)/bin/python scripts/bench_round.py
+	$(VENV)/bin/python scripts/bench_pool.py
 
 clean-venv:
 	rm -rf $(VENV)
