@@ -41,12 +41,11 @@ from sapo_node.tasks import Scorer, Task, generator_of, make_task
 
 log = structlog.get_logger(__name__)
 
-# Reasons found by the receiver, after wire.decode's own.
+# Reasons found by the receiver, besides wire.decode's and the pool's admission
+# ("duplicate", "rate_limited").
 BAD_AUTHOR = "bad_author"
 EXPIRED = "expired"
 FROM_THE_FUTURE = "from_the_future"
-DUPLICATE = "duplicate"
-RATE_LIMITED = "rate_limited"
 UNKNOWN_FAMILY = "unknown_family"
 GENERATOR_MISMATCH = "generator_mismatch"
 UNKNOWN_CONFIG = "unknown_config"

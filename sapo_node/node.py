@@ -1,12 +1,12 @@
 """The round loop of one SAPO node: Algorithm 1 of the paper.
 
 Every round r the node
-  1. takes up to J groups from the pool of what peers shared (already regenerated and
-     scored by this node's own verifier when they arrived),
+  1. takes up to J groups from the pool of what peers shared (decoded strictly,
+     regenerated and scored by this node's own verifier when they arrived: intake.py),
   2. samples I + (J - taken) tasks of its own from its curriculum,
   3. generates L completions per task in batched calls,
   4. scores them with its own verifier in a sandboxed worker,
-  5. shares them (the swarm's transport plugs in here),
+  5. shares them: one wire message per group (wire.py), handed to ``Node.publish``,
   6. computes group advantages and drops groups without signal,
   7. takes one GRPO step (or ppo_epochs steps) on the mix, and
   8. records metrics, moves the curriculum, and checkpoints every N rounds.
