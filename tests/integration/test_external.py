@@ -181,3 +181,17 @@ def test_unregenerable_custom_tasks_are_ignored_unless_configured(
         assert node.receive(wire.encode(lie), "peer-p").reason == "answer_mismatch"
     finally:
         node.close()
+
+
+def test_a_pool_that_cannot_write_or_read_loses_no_round(receiver: Node, monkeypatch) -> None:
+    import sqlite3
+
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(type(receiver.pool), "add", full)
+    verdict = receiver.receive(wire.encode(_shared(5, ("777", "x", "7", "y"))), "peer-a")
+    assert (verdict.outcome, verdict.reason) == ("ignored", "pool_unavailable")
+    monkeypatch.setattr(type(receiver.pool), "sample", full)
+    record = receiver.run_round(0)  # J slots are filled with own groups
+    assert record["external_groups"] == 0 and record["local_groups"] == 4
