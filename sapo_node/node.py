@@ -290,7 +290,7 @@ class Node:
                 generator=generator_of(g.task.ref.family),
                 question=g.task.question,
                 completions=tuple(wire.clip_utf8(t, wire.MAX_COMPLETION_BYTES) for t in g.texts),
-                model=wire.clip_utf8(self.config.model.name, wire.MAX_MODEL_BYTES),
+                model=wire.clip_utf8(self._model_label(), wire.MAX_MODEL_BYTES),
                 round=r,
                 created_ms=created_ms,
             )
@@ -302,6 +302,12 @@ class Node:
             self.publish(data)
             sent += 1
         return sent
+
+    def _model_label(self) -> str:
+        """The model's name for peers: a local directory by its last part only (its full
+        path would tell strangers about this machine)."""
+        name = self.config.model.name
+        return Path(name).name if Path(name).is_dir() else name
 
     def _as_group(self, pooled: PooledGroup) -> Group:
         """A peer's group in this node's own tokenizer and chat template (its question was

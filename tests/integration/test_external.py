@@ -92,7 +92,9 @@ def test_two_nodes_share_through_the_wire_and_a_restart_keeps_the_pool(
         sender.close()
     receiver = _node(tiny_model_dir, tmp_path / "b", seed=2, local=1, external=3)
     try:
-        assert [receiver.receive(m, "a").outcome for m in outbox] == ["accepted"] * 3
+        verdicts = [receiver.receive(m, "a") for m in outbox]
+        assert [v.outcome for v in verdicts] == ["accepted"] * 3
+        assert verdicts[0].item.group.model == tiny_model_dir.name  # not the local path
     finally:
         receiver.close()
     receiver = _node(tiny_model_dir, tmp_path / "b", seed=2, local=1, external=3)
