@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -92,14 +91,12 @@ class Intake:
         known_configs: Mapping[str, Collection[str]],
         accept_unregenerable: bool = False,
         max_clock_skew_s: float = 300.0,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
         self.scorer = scorer
         self.known_configs = {family: frozenset(c) for family, c in known_configs.items()}
         self.accept_unregenerable = accept_unregenerable
         self.max_clock_skew_s = max_clock_skew_s
-        self.clock = clock
 
     def receive(self, data: bytes, author: str) -> Verdict:
         """Check one message from ``author`` and pool it if it passes."""
@@ -108,7 +105,7 @@ class Intake:
         msg = wire.decode(data)
         if isinstance(msg, wire.Rejection):
             return self._refuse(author, msg.reason, msg.detail)
-        now = self.clock()
+        now = self.pool.clock()  # one clock for ages here and in the pool
         created = msg.created_ms / 1000.0
         if created > now + self.max_clock_skew_s:
             return self._refuse(author, FROM_THE_FUTURE, f"created {created - now:.0f} s ahead")

@@ -347,10 +347,7 @@ class Pool:
         """Per author: groups accepted, and refused by reason (persisted across restarts)."""
         with self._lock, self._db:
             self._flush_counts()
-            out: dict[str, dict[str, int]] = {}
-            for author, outcome, n in self._db.execute("SELECT author, outcome, n FROM counts"):
-                out.setdefault(author, {})[outcome] = n
-            return out
+            return _read_counts(self._db)
 
     def close(self) -> None:
         with self._lock:
@@ -437,6 +434,13 @@ class Pool:
         self._db.execute("DELETE FROM seen WHERE time < ?", (cutoff,))
 
 
+def _read_counts(db: sqlite3.Connection) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for author, outcome, n in db.execute("SELECT author, outcome, n FROM counts"):
+        out.setdefault(author, {})[outcome] = n
+    return out
+
+
 def summary(path: Path) -> dict[str, Any]:
     """What a pool file holds, read without writing (a running node may hold it)."""
     if not path.exists():
@@ -449,9 +453,7 @@ def summary(path: Path) -> dict[str, Any]:
             ).fetchone()
             families = dict(db.execute("SELECT family, count(*) FROM groups GROUP BY family"))
             held = dict(db.execute("SELECT author, count(*) FROM groups GROUP BY author"))
-            peers: dict[str, dict[str, int]] = {}
-            for author, outcome, n in db.execute("SELECT author, outcome, n FROM counts"):
-                peers.setdefault(author, {})[outcome] = n
+            peers = _read_counts(db)
         finally:
             db.close()
     except sqlite3.Error as exc:
