@@ -337,6 +337,71 @@ class PoolSection(_Section):
     )
 
 
+class NetSection(_Section):
+    """The swarm: libp2p host, GossipSub topic, discovery. See README "Swarm"."""
+
+    enabled: bool = Field(
+        True, description="Join a swarm; false trains alone (no network process at all)."
+    )
+    swarm: str = Field(
+        "sapo-public",
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+        description="Swarm name; its topic is sapo/<swarm>/rollouts/v1 (protocol/SPEC.md).",
+    )
+    listen: list[str] = Field(
+        default_factory=lambda: ["/ip4/0.0.0.0/tcp/4141"],
+        description="Multiaddrs to listen on (TCP); port 0 picks a free port.",
+    )
+    announce: list[str] = Field(
+        default_factory=list,
+        description="Multiaddrs to give peers instead of the listen ones (e.g. a public "
+        "address behind NAT); empty: the listen addresses, 0.0.0.0 replaced by this "
+        "machine's interface addresses.",
+    )
+    bootstrap: list[str] = Field(
+        default_factory=list,
+        description="Peers to dial at start and re-dial while disconnected, as "
+        "/ip4/A.B.C.D/tcp/PORT/p2p/PEER_ID.",
+    )
+    mdns: bool = Field(True, description="Find peers on the local network with mDNS.")
+    dht: bool = Field(
+        True, description="Kademlia DHT: announce this node and find the swarm's other nodes."
+    )
+    publish: Literal["all", "signal", "none"] = Field(
+        "all",
+        description="Groups to share each round: all, only those whose rewards differ "
+        "(signal), or none (receive only).",
+    )
+    redial_s: float = Field(
+        10.0, ge=0.2, le=3600.0, description="Seconds between discovery and re-dial passes."
+    )
+    max_peers: int = Field(
+        32, ge=1, le=1000, description="Stop dialling discovered peers above this many."
+    )
+    mesh_degree: int = Field(6, ge=1, le=50, description="GossipSub mesh degree D.")
+    inbox_per_peer: int = Field(
+        64, ge=1, le=100_000, description="Received groups held per peer between rounds."
+    )
+    inbox_total: int = Field(
+        4096, ge=1, le=1_000_000, description="Received groups held between rounds."
+    )
+
+    @model_validator(mode="after")
+    def _addresses(self) -> NetSection:
+        for field_name in ("listen", "announce", "bootstrap"):
+            for addr in getattr(self, field_name):
+                if not addr.startswith("/"):
+                    raise ValueError(f"net.{field_name}: {addr!r} is not a multiaddr")
+        for addr in self.bootstrap:
+            if "/p2p/" not in addr:
+                raise ValueError(
+                    f"net.bootstrap: {addr!r} lacks /p2p/PEER_ID (sapo-node identity prints it)"
+                )
+        if self.enabled and not self.listen:
+            raise ValueError("net.listen is empty; give at least one address or disable net")
+        return self
+
+
 class Config(_Section):
     """The whole node config."""
 
@@ -348,6 +413,7 @@ class Config(_Section):
     scoring: ScoringSection = Field(default_factory=ScoringSection)
     train: TrainSection = Field(default_factory=TrainSection)
     pool: PoolSection = Field(default_factory=PoolSection)
+    net: NetSection = Field(default_factory=NetSection)
 
     @model_validator(mode="after")
     def _cross(self) -> Config:

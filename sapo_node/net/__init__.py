@@ -1,0 +1,114 @@
+"""The swarm transport behind one small interface.
+
+The round loop sees only :class:`Transport`: ``publish`` bytes, drain ``received``
+messages with their authors, count ``peers``, report ``stats``, ``penalise`` an author
+whose group this node refused, ``close``. Two implementations:
+
+- :class:`sapo_node.net.memory.MemoryTransport`, an in-process hub for fast tests;
+- :class:`sapo_node.net.process.Libp2pTransport`, py-libp2p GossipSub running in its own
+  process (``sapo_node.net.host``), restarted if it dies.
+
+Both hold received messages in an :class:`Inbox`, bounded per author and in total, so a
+peer that floods fills only its own share while the round loop is busy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class NetError(RuntimeError):
+    """The network cannot start (port in use, bad address, unreadable identity)."""
+
+
+@dataclass(frozen=True)
+class Received:
+    """One message from the swarm; ``author`` is the peer ID that signed it."""
+
+    data: bytes
+    author: str
+    received_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class NetStats:
+    """Counters since start; ``peers`` is the current number of swarm peers."""
+
+    peers: int = 0
+    published: int = 0  # messages handed to the network
+    publish_dropped: int = 0  # messages that could not be handed over in time
+    received: int = 0  # messages that passed the wire checks, handed to the node
+    rejected: int = 0  # messages refused by the wire checks in the network process
+    inbox_dropped: int = 0  # received messages dropped while the round loop was busy
+    bytes_in: int = 0
+    bytes_out: int = 0
+    restarts: int = 0
+
+
+class Transport(Protocol):
+    """What the round loop needs of a swarm."""
+
+    peer_id: str
+
+    def publish(self, data: bytes) -> bool:
+        """Hand one message to the swarm; False (logged, counted) if it could not be."""
+        ...
+
+    def received(self) -> list[Received]:
+        """Every message received since the last call, oldest first; never blocks."""
+        ...
+
+    def peers(self) -> int: ...
+
+    def stats(self) -> NetStats: ...
+
+    def penalise(self, author: str) -> None:
+        """Lower the score of a peer whose message this node refused."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Inbox:
+    """Received messages, at most ``per_author`` from one author and ``total`` in all.
+
+    When full, the oldest message of the author holding the most is dropped, so a
+    flooding peer displaces only its own messages.
+    """
+
+    def __init__(self, per_author: int = 64, total: int = 4096) -> None:
+        self.per_author, self.total = per_author, total
+        self._by_author: OrderedDict[str, deque[Received]] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def put(self, item: Received) -> None:
+        with self._lock:
+            queue = self._by_author.setdefault(item.author, deque())
+            if len(queue) >= self.per_author:
+                queue.popleft()
+                self.dropped += 1
+                self._size -= 1
+            elif self._size >= self.total:
+                largest = max(self._by_author.values(), key=len)
+                largest.popleft()
+                self.dropped += 1
+                self._size -= 1
+            queue.append(item)
+            self._size += 1
+
+    def drain(self) -> list[Received]:
+        with self._lock:
+            items = [x for q in self._by_author.values() for x in q]
+            self._by_author.clear()
+            self._size = 0
+        items.sort(key=lambda x: x.received_at)
+        return items
+
+    def __len__(self) -> int:
+        return self._size

@@ -1,0 +1,525 @@
+"""The network process: a py-libp2p host running GossipSub for one swarm.
+
+Started by :class:`sapo_node.net.process.Libp2pTransport` as ``python -m
+sapo_node.net.host``; it never imports torch. It talks to its parent over stdin/stdout
+in length-prefixed MessagePack frames (``sapo_node.net.ipc``):
+
+    parent -> here   ["settings", {...}] first, then ["publish", bytes], ["penalise", author],
+                     ["stop"]
+    here -> parent   ["ready", peer_id, [addr, ...], [listen, ...]], ["message", bytes, author],
+                     ["stats", {...}] every second, ["fatal", text]
+
+It exits when told to stop or when stdin closes (its parent died).
+
+Each trap of py-libp2p 0.8.1 measured in LIBP2P.md has its answer here, marked "trap N":
+a guarded stream handler, serialised writes, no spam limit (per-author token buckets
+instead), bigger outbound queues and backpressure, a raised inbound limit with the real
+message cap in the validator, a 1 s heartbeat without adaptive gossip, sequence numbers
+from nanoseconds, bounded equivocation memory, services started before the host listens,
+periodic re-dial, our own port check, Noise only, announce addresses, the default
+message id, and discovery through the DHT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import multiaddr
+import structlog
+import trio
+from libp2p import new_host
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub import pubsub as pubsub_module
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.tools.anyio_service import background_trio_service
+
+from sapo_node import wire
+from sapo_node.logs import configure_logging
+from sapo_node.net import NetError, identity, ipc
+from sapo_node.pool import RateLimiter
+
+log = structlog.get_logger("sapo_node.net")
+
+PROTOCOLS = ["/meshsub/1.2.0", "/meshsub/1.1.0", "/meshsub/1.0.0"]
+OUTBOUND_QUEUE = 512  # RPCs per peer (trap 4: the library's 32 drops bursts silently)
+BACKPRESSURE_FILL = 0.5  # publish waits while a peer's queue is fuller than this
+BACKPRESSURE_WAIT_S = 10.0
+INBOUND_RPC_LIMIT = 8 * 2**20  # trap 5: above js-libp2p's 4 MiB; the real cap is wire's
+EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (trap 8)
+BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
+MAX_BANNED = 10_000
+DIAL_TIMEOUT_S = 5.0
+PROVIDE_EVERY_S = 60.0
+
+# Trap 1 / 4 / 5 need the module's own names to count bytes and size queues.
+_read_frame = pubsub_module.read_varint_prefixed_bytes_limited
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.received = self.rejected = self.rate_limited = 0
+        self.bytes_in = self.bytes_out = self.published = self.bad_frames = 0
+        self.backpressure_waits = 0
+
+
+COUNTERS = Counters()
+
+
+async def _counting_read(stream: Any, limit: int) -> bytes:
+    data = await _read_frame(stream, limit)
+    COUNTERS.bytes_in += len(data)
+    return data
+
+
+class _SwarmQueue(RpcQueue):
+    def __init__(self, max_size: int = OUTBOUND_QUEUE, *args: Any, **kwargs: Any) -> None:
+        super().__init__(max_size, *args, **kwargs)
+
+
+pubsub_module.read_varint_prefixed_bytes_limited = _counting_read
+pubsub_module.RpcQueue = _SwarmQueue
+
+
+class SwarmScorer(PeerScorer):
+    """The library's scorer, except that a message the validator *ignored* (another
+    version, a rate limit) is not counted as invalid: only a sender's fault is."""
+
+    def __init__(self, params: ScoreParams) -> None:
+        super().__init__(params)
+        self.excuse_next = False
+
+    def on_invalid_message(self, peer: ID, topic: str) -> None:
+        if self.excuse_next:  # set by the validator just before, with no await between
+            self.excuse_next = False
+            return
+        super().on_invalid_message(peer, topic)
+
+
+class SwarmGossipSub(GossipSub):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.equivocation_detection = OrderedDict()
+
+    def _check_equivocation(self, msg: Any) -> bool:
+        """As the library's, but remembers a digest of the last EQUIVOCATION_MEMORY
+        messages instead of every whole message forever (trap 8)."""
+        key = msg.from_id + msg.seqno
+        digest = hashlib.sha256(msg.data + "\0".join(msg.topicIDs).encode()).digest()
+        seen = self.equivocation_detection.get(key)
+        if seen is None:
+            self.equivocation_detection[key] = digest
+            while len(self.equivocation_detection) > EQUIVOCATION_MEMORY:
+                self.equivocation_detection.popitem(last=False)
+            return True
+        if seen != digest:
+            log.warning("equivocation: one seqno, two messages", author=ID(msg.from_id).pretty())
+            if self.scorer is not None:
+                self.scorer.penalize_equivocation(ID(msg.from_id), 100.0)
+            return False
+        return True
+
+
+class SwarmPubsub(Pubsub):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # trap 7: seconds-based seqnos collide after a quick restart; nanoseconds do not
+        self.counter = time.time_ns()
+        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
+        """trap 2: one writer at a time per stream (queue and replay interleaved frames)."""
+        lock = self._write_locks.setdefault(stream, trio.Lock())
+        async with lock:
+            ok = await super().write_msg(stream, rpc_msg)
+        if ok:
+            COUNTERS.bytes_out += rpc_msg.ByteSize()
+        return ok
+
+    async def stream_handler(self, stream: Any) -> None:
+        """trap 1: a malformed frame resets that peer's stream, never the whole host."""
+        try:
+            await super().stream_handler(stream)
+        except Exception as exc:
+            peer = stream.muxed_conn.peer_id
+            COUNTERS.bad_frames += 1
+            log.warning("bad pubsub frame; stream reset", peer=str(peer), error=repr(exc)[:200])
+            if self.router.scorer is not None:
+                self.router.scorer.penalize_behavior(peer, 1.0)
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            self._handle_dead_peer(peer)
+
+
+def score_params() -> ScoreParams:
+    """Invalid messages cost 10 each (decaying by half in about 11 minutes); at -30 a
+    peer's messages are no longer accepted from it, at -50 it is graylisted and banned.
+    IP colocation is not scored: nodes behind one NAT, or on one test machine, share an IP."""
+    return ScoreParams(
+        p4_invalid_messages=TopicScoreParams(weight=10.0, cap=1000.0, decay=0.999),
+        p5_behavior_penalty_weight=10.0,
+        p5_behavior_penalty_decay=0.999,
+        publish_threshold=-30.0,
+        gossip_threshold=-20.0,
+        graylist_threshold=-50.0,
+        accept_px_threshold=0.0,
+    )
+
+
+def check_ports_free(addrs: list[multiaddr.Multiaddr]) -> None:
+    """trap 11: the library binds with SO_REUSEPORT, so a second node on the same port
+    starts without error and receives nothing. Bind each port ourselves first."""
+    for addr in addrs:
+        try:
+            port = int(addr.value_for_protocol("tcp"))
+        except Exception:
+            continue
+        if port == 0:
+            continue
+        host, family = (
+            (addr.value_for_protocol("ip6"), socket.AF_INET6)
+            if "/ip6/" in str(addr)
+            else (addr.value_for_protocol("ip4"), socket.AF_INET)
+        )
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+                s.listen(1)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise NetError(
+                        f"port {port} on {host} is in use (another sapo-node?); pass "
+                        f"--listen /ip4/{host}/tcp/OTHER_PORT or stop the other program"
+                    ) from None
+                raise NetError(f"cannot listen on {addr}: {exc}") from None
+
+
+def interface_addresses(addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+    """trap 13: a wildcard listen address is announced as each interface's address."""
+    import ifaddr
+
+    ips = sorted(
+        {
+            ip.ip
+            for adapter in ifaddr.get_adapters()
+            for ip in adapter.ips
+            if isinstance(ip.ip, str) and not ip.ip.startswith("127.")
+        }
+    )
+    out = []
+    for addr in addrs:
+        text = str(addr)
+        if text.startswith("/ip4/0.0.0.0/"):
+            out += [multiaddr.Multiaddr(text.replace("0.0.0.0", ip, 1)) for ip in ips]
+            if not ips:
+                out.append(multiaddr.Multiaddr(text.replace("0.0.0.0", "127.0.0.1", 1)))
+        else:
+            out.append(addr)
+    return out
+
+
+class Network:
+    """The host, pubsub, DHT and the loops around them."""
+
+    def __init__(self, settings: dict[str, Any], out: ipc.FrameWriter) -> None:
+        self.s, self.out = settings, out
+        self.topic: str = settings["topic"]
+        self.key = identity.load(Path(settings["key"]))
+        self.listen = [multiaddr.Multiaddr(a) for a in settings["listen"]]
+        announce = [multiaddr.Multiaddr(a) for a in settings["announce"]]
+        self.host = new_host(
+            key_pair=self.key,
+            # trap 12: Noise only (the default list also offers secio and plaintext)
+            sec_opt={
+                NOISE_PROTOCOL_ID: NoiseTransport(
+                    self.key, noise_privkey=create_new_x25519_key_pair().private_key
+                )
+            },
+            muxer_preference="YAMUX",
+            listen_addrs=self.listen,
+            enable_mDNS=settings["mdns"],
+            announce_addrs=announce or None,
+            addrs_factory=None if announce else interface_addresses,
+        )
+        degree = settings["mesh_degree"]
+        self.gossipsub = SwarmGossipSub(
+            protocols=PROTOCOLS,
+            degree=degree,
+            degree_low=max(1, degree * 2 // 3),
+            degree_high=degree * 2,
+            heartbeat_interval=1,  # trap 6: 1 s heartbeat, no adaptive stretching
+            heartbeat_initial_delay=0.1,
+            adaptive_gossip_enabled=False,
+            spam_protection_enabled=False,  # trap 3: per-author buckets in the validator
+            score_params=score_params(),
+            eclipse_protection_enabled=False,
+        )
+        self.scorer = SwarmScorer(self.gossipsub.scorer.params)
+        self.gossipsub.scorer = self.scorer
+        self.pubsub = SwarmPubsub(
+            self.host,
+            self.gossipsub,
+            strict_signing=True,  # the author is the signer; unsigned messages are dropped
+            max_inbound_rpc_size=INBOUND_RPC_LIMIT,
+            seen_ttl=int(settings["seen_ttl_s"]),
+            validation_cache_size=4096,
+        )  # trap 14: the default message id (author + seqno) is kept
+        self.limiter = RateLimiter(settings["rate_per_author"], settings["burst_per_author"])
+        self.dht = KadDHT(self.host, DHTMode.SERVER) if settings["dht"] else None
+        self.bootstrap = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in settings["bootstrap"]]
+        self.me = self.host.get_id()
+        self.banned: OrderedDict[ID, float] = OrderedDict()
+        self.backoff: dict[ID, tuple[float, float]] = {}  # peer -> (next try, delay)
+
+    # --- the validator ---------------------------------------------------------------
+
+    def validate(self, forwarder: ID, msg: Any) -> bool:
+        """The wire module's strict decoding and size cap, then the author's rate."""
+        author = ID(msg.from_id)
+        if author == self.me:
+            return True
+        result = wire.decode(msg.data)  # refuses above wire.MAX_MESSAGE_BYTES first
+        if isinstance(result, wire.Rejection):
+            COUNTERS.rejected += 1
+            self.scorer.excuse_next = result.ignored
+            log.info(
+                "message refused",
+                author=author.pretty(),
+                via=forwarder.pretty(),
+                reason=result.reason,
+                outcome="ignored" if result.ignored else "rejected",
+            )
+            return False
+        if not self.limiter.allow(author.pretty(), time.monotonic()):
+            COUNTERS.rate_limited += 1
+            self.scorer.excuse_next = True
+            return False
+        return True
+
+    # --- loops -----------------------------------------------------------------------
+
+    async def run(self, commands: ipc.FrameReader) -> None:
+        # trap 9: pubsub and gossipsub run before the host listens or dials
+        async with (
+            background_trio_service(self.pubsub),
+            background_trio_service(self.gossipsub),
+        ):
+            await self.pubsub.wait_until_ready()
+            self.pubsub.set_topic_validator(self.topic, self.validate, False)
+            subscription = await self.pubsub.subscribe(self.topic)
+            async with self.host.run(listen_addrs=self.listen):
+                async with contextlib.AsyncExitStack() as stack:
+                    if self.dht is not None:
+                        await stack.enter_async_context(background_trio_service(self.dht))
+                    await self.out.send(
+                        [
+                            "ready",
+                            self.me.pretty(),
+                            [str(a) for a in self.host.get_addrs()],
+                            [str(a) for a in self.host.get_transport_addrs()],
+                        ]
+                    )
+                    log.info(
+                        "network ready",
+                        peer_id=self.me.pretty(),
+                        addrs=[str(a) for a in self.host.get_addrs()],
+                        topic=self.topic,
+                    )
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._deliver, subscription)
+                        nursery.start_soon(self._report)
+                        nursery.start_soon(self._discover)
+                        await self._obey(commands)
+                        nursery.cancel_scope.cancel()
+
+    async def _obey(self, commands: ipc.FrameReader) -> None:
+        """Publish and penalise on the parent's word; return on stop or EOF."""
+        while True:
+            frame = await commands.receive()
+            if frame is None or frame[0] == "stop":
+                return
+            if frame[0] == "publish":
+                await self._backpressure()
+                await self.pubsub.publish(self.topic, frame[1])
+                COUNTERS.published += 1
+            elif frame[0] == "penalise":
+                with contextlib.suppress(Exception):
+                    self.scorer.on_invalid_message(ID.from_base58(frame[1]), self.topic)
+
+    async def _backpressure(self) -> None:
+        """trap 4: wait (bounded) until every peer's outbound queue has room, so that a
+        publish is queued for every peer instead of dropped for some."""
+        deadline = trio.current_time() + BACKPRESSURE_WAIT_S
+        limit = int(OUTBOUND_QUEUE * BACKPRESSURE_FILL)
+        while trio.current_time() < deadline:
+            if all(len(q) < limit for q in self.pubsub.peer_queues.values()):
+                return
+            COUNTERS.backpressure_waits += 1
+            await trio.sleep(0.02)
+        log.warning("peers are slow to take messages; publishing anyway")
+
+    async def _deliver(self, subscription: Any) -> None:
+        while True:
+            msg = await subscription.get()
+            author = ID(msg.from_id)
+            if author == self.me:
+                continue
+            COUNTERS.received += 1
+            await self.out.send(["message", msg.data, author.pretty()])
+
+    async def _report(self) -> None:
+        while True:
+            self._ban_low_scores()
+            await self.out.send(["stats", self.stats()])
+            await trio.sleep(1.0)
+
+    def stats(self) -> dict[str, Any]:
+        topic_peers = self.pubsub.peer_topics.get(self.topic, set())
+        return {
+            "peers": len(topic_peers),
+            "connected": len(self.host.get_connected_peers()),
+            "mesh": len(self.gossipsub.mesh.get(self.topic, ())),
+            "received": COUNTERS.received,
+            "rejected": COUNTERS.rejected,
+            "rate_limited": COUNTERS.rate_limited,
+            "published": COUNTERS.published,
+            "bytes_in": COUNTERS.bytes_in,
+            "bytes_out": COUNTERS.bytes_out,
+            "bad_frames": COUNTERS.bad_frames,
+            "backpressure_waits": COUNTERS.backpressure_waits,
+            "banned": [p.pretty() for p in self.banned],
+            "scores": {
+                p.pretty(): round(self.scorer.score(p, [self.topic]), 2)
+                for p in topic_peers
+                if self.scorer.score(p, [self.topic]) < 0
+            },
+        }
+
+    def _ban_low_scores(self) -> None:
+        """A peer below the graylist threshold is disconnected from pubsub and its
+        messages (as forwarder or author) dropped for BAN_S; the library's own score is
+        forgotten when the peer reconnects, the ban is not."""
+        now = time.monotonic()
+        threshold = self.scorer.params.graylist_threshold
+        for peer in list(self.pubsub.peer_topics.get(self.topic, ())):
+            if peer not in self.banned and self.scorer.score(peer, [self.topic]) < threshold:
+                self.banned[peer] = now + BAN_S
+                self.pubsub.add_to_blacklist(peer)
+                log.warning("peer banned for invalid messages", peer=peer.pretty(), seconds=BAN_S)
+        while len(self.banned) > MAX_BANNED:
+            self.pubsub.remove_from_blacklist(self.banned.popitem(last=False)[0])
+        for peer, until in list(self.banned.items()):
+            if until <= now:
+                del self.banned[peer]
+                self.pubsub.remove_from_blacklist(peer)
+
+    async def _discover(self) -> None:
+        """trap 10 / 15: re-dial bootstrap peers, announce the swarm in the DHT and dial
+        its other members, and dial peers mDNS put in the peerstore."""
+        key = f"/sapo/{self.topic}"
+        last_provide = -PROVIDE_EVERY_S
+        while True:
+            connected = set(self.host.get_connected_peers())
+            for info in self.bootstrap:
+                if info.peer_id not in connected and info.peer_id != self.me:
+                    self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+                    await self._dial(info.peer_id, force=True)
+            if self.dht is not None:
+                for peer in self.host.get_connected_peers():
+                    with contextlib.suppress(Exception):
+                        await self.dht.add_peer(peer)
+                with trio.move_on_after(DIAL_TIMEOUT_S * 2):
+                    if trio.current_time() - last_provide >= PROVIDE_EVERY_S:
+                        with contextlib.suppress(Exception):
+                            await self.dht.provide(key)
+                            last_provide = trio.current_time()
+                    with contextlib.suppress(Exception):
+                        for info in await self.dht.find_providers(key, 50):
+                            if info.peer_id != self.me and info.addrs:
+                                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+            await self._dial_known()
+            await trio.sleep(self.s["redial_s"])
+
+    async def _dial_known(self) -> None:
+        store = self.host.get_peerstore()
+        connected = set(self.host.get_connected_peers())
+        for peer in store.peers_with_addrs():
+            if len(connected) >= self.s["max_peers"]:
+                return
+            if peer != self.me and peer not in connected and peer not in self.banned:
+                if await self._dial(peer):
+                    connected.add(peer)
+
+    async def _dial(self, peer: ID, *, force: bool = False) -> bool:
+        now = time.monotonic()
+        next_try, delay = self.backoff.get(peer, (0.0, self.s["redial_s"]))
+        if not force and now < next_try:
+            return False
+        info = self.host.get_peerstore().peer_info(peer)
+        with trio.move_on_after(DIAL_TIMEOUT_S):
+            try:
+                await self.host.connect(info)
+                self.backoff.pop(peer, None)
+                return True
+            except Exception as exc:
+                log.debug("dial failed", peer=peer.pretty(), error=str(exc)[:200])
+        self.backoff[peer] = (now + delay, min(delay * 2, 300.0))
+        return False
+
+
+async def _main(in_fd: int, out_fd: int) -> int:
+    commands = ipc.FrameReader(trio.lowlevel.FdStream(in_fd))
+    out = ipc.FrameWriter(trio.lowlevel.FdStream(out_fd))
+    first = await commands.receive()
+    if first is None or first[0] != "settings":
+        return 2
+    settings = first[1]
+    configure_logging(json_logs=settings.get("json_logs", False))
+    try:
+        check_ports_free([multiaddr.Multiaddr(a) for a in settings["listen"]])
+        network = Network(settings, out)
+    except (NetError, ValueError) as exc:
+        await out.send(["fatal", str(exc)])
+        return 1
+    try:
+        await network.run(commands)
+    except OSError as exc:  # listen failures surface here
+        await out.send(["fatal", f"cannot listen on {settings['listen']}: {exc}"])
+        return 1
+    return 0
+
+
+def main() -> None:
+    # Frames own stdout; anything printed by a library goes to stderr instead.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    for name in ("libp2p", "multiaddr", "zeroconf", "aioquic", "async_service"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    sys.exit(trio.run(_main, 0, out_fd))
+
+
+if __name__ == "__main__":
+    main()

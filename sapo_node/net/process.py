@@ -1,0 +1,227 @@
+"""The libp2p transport as the node sees it: a supervised network process.
+
+The libp2p stack (``sapo_node.net.host``) runs in a child process, so that training holds
+neither its GIL nor its event loop, and a crash in the network stack costs a restart, not
+the model. The node talks to it through bounded queues:
+
+- ``publish`` puts a message on a bounded queue (waiting at most ``publish_timeout_s``;
+  the child applies the peers' backpressure by reading the next message only when their
+  queues have room); a message that cannot be queued is counted and logged, never lost
+  silently;
+- received messages land in an :class:`~sapo_node.net.Inbox`, bounded per author.
+
+If the child dies it is restarted (with the same identity and the ports it had), with
+a growing delay; the round loop never waits for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from sapo_node import wire
+from sapo_node.config import NetSection, PoolSection
+from sapo_node.net import Inbox, NetError, NetStats, Received, identity, ipc
+
+log = structlog.get_logger("sapo_node.net")
+
+_COUNTED = ("received", "rejected", "bytes_in", "bytes_out")
+
+
+class Libp2pTransport:
+    """A :class:`~sapo_node.net.Transport` over py-libp2p GossipSub in a child process."""
+
+    def __init__(
+        self,
+        net: NetSection,
+        pool: PoolSection,
+        data_dir: Path,
+        *,
+        json_logs: bool = False,
+        start_timeout_s: float = 60.0,
+        publish_timeout_s: float = 5.0,
+        queue_size: int = 256,
+    ) -> None:
+        key = identity.load_or_create(data_dir)
+        self.peer_id = identity.peer_id(key)
+        self.topic = wire.topic(net.swarm)
+        self.settings: dict[str, Any] = {
+            "key": str(data_dir / identity.KEY_FILE),
+            "topic": self.topic,
+            "listen": list(net.listen),
+            "announce": list(net.announce),
+            "bootstrap": list(net.bootstrap),
+            "mdns": net.mdns,
+            "dht": net.dht,
+            "redial_s": net.redial_s,
+            "max_peers": net.max_peers,
+            "mesh_degree": net.mesh_degree,
+            "rate_per_author": pool.rate_per_author,
+            "burst_per_author": pool.burst_per_author,
+            "seen_ttl_s": max(120, int(pool.max_age_s)),
+            "json_logs": json_logs,
+        }
+        self.publish_timeout_s = publish_timeout_s
+        self.addrs: list[str] = []
+        self.child_stats: dict[str, Any] = {}
+        self._inbox = Inbox(net.inbox_per_peer, net.inbox_total)
+        self._outbox: queue.Queue[list[Any]] = queue.Queue(maxsize=queue_size)
+        self._stats = NetStats()
+        self._base = dict.fromkeys(_COUNTED, 0)  # counts of the children before this one
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ready = threading.Event()
+        self._fatal: str | None = None
+        self._spawn()
+        if not self._ready.wait(start_timeout_s) or self._fatal:
+            reason = self._fatal or f"no answer in {start_timeout_s:.0f} s"
+            self._kill()
+            raise NetError(f"the network cannot start: {reason}")
+        # A restarted child listens where the first one did (same addresses for peers).
+        self.settings["listen"] = self._listening
+        self._supervisor = threading.Thread(target=self._supervise, name="net-supervisor")
+        self._supervisor.daemon = True
+        self._supervisor.start()
+
+    # --- the Transport interface -------------------------------------------------------
+
+    def publish(self, data: bytes) -> bool:
+        if self._closing.is_set():
+            return False
+        try:
+            self._outbox.put(["publish", data], timeout=self.publish_timeout_s)
+        except queue.Full:
+            with self._lock:
+                self._stats.publish_dropped += 1
+            log.warning(
+                "network not keeping up: a group was not shared",
+                waited_s=self.publish_timeout_s,
+            )
+            return False
+        with self._lock:
+            self._stats.published += 1
+        return True
+
+    def received(self) -> list[Received]:
+        return self._inbox.drain()
+
+    def peers(self) -> int:
+        return int(self.child_stats.get("peers", 0))
+
+    def stats(self) -> NetStats:
+        with self._lock:
+            s = self._stats
+            for name in _COUNTED:
+                setattr(s, name, self._base[name] + int(self.child_stats.get(name, 0)))
+            s.peers = self.peers()
+            s.inbox_dropped = self._inbox.dropped
+            return NetStats(**vars(s))
+
+    def penalise(self, author: str) -> None:
+        with contextlib.suppress(queue.Full):
+            self._outbox.put_nowait(["penalise", author])
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the child to stop, then make sure it has."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.write(ipc.pack(["stop"]))
+                proc.stdin.flush()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        if hasattr(self, "_supervisor"):
+            self._supervisor.join(timeout_s)
+
+    # --- the child ----------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        self._ready.clear()
+        self._fatal = None
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sapo_node.net.host"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        proc.stdin.write(ipc.pack(["settings", self.settings]))
+        proc.stdin.flush()
+        self._proc = proc
+        threading.Thread(target=self._read, args=(proc,), name="net-reader", daemon=True).start()
+        threading.Thread(target=self._write, args=(proc,), name="net-writer", daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        while True:
+            try:
+                frame = ipc.read_frame(proc.stdout)
+            except (OSError, ValueError) as exc:
+                log.error("bad frame from the network process", error=str(exc))
+                frame = None
+            if frame is None:
+                return
+            kind = frame[0]
+            if kind == "message":
+                self._inbox.put(Received(frame[1], frame[2]))
+            elif kind == "stats":
+                self.child_stats = frame[1]
+            elif kind == "ready":
+                self.addrs, self._listening = list(frame[2]), list(frame[3])
+                self._ready.set()
+            elif kind == "fatal":
+                self._fatal = frame[1]
+                self._ready.set()
+
+    def _write(self, proc: subprocess.Popen[bytes]) -> None:
+        while proc.poll() is None and not self._closing.is_set():
+            try:
+                frame = self._outbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                proc.stdin.write(ipc.pack(frame))
+                proc.stdin.flush()
+            except (OSError, ValueError):
+                return  # the child is gone; the supervisor restarts it
+
+    def _supervise(self) -> None:
+        delay = 1.0
+        while not self._closing.is_set():
+            proc = self._proc
+            code = proc.wait()
+            if self._closing.is_set():
+                return
+            with self._lock:
+                for name in _COUNTED:
+                    self._base[name] += int(self.child_stats.get(name, 0))
+                self.child_stats = {}
+                self._stats.restarts += 1
+            log.error("network process died; restarting it", exit_code=code, in_s=delay)
+            if self._closing.wait(delay):
+                return
+            self._spawn()
+            if self._ready.wait(60.0) and not self._fatal:
+                log.info("network process restarted", addrs=self.addrs)
+                delay = 1.0
+            else:
+                log.error("network process failed to restart", reason=self._fatal or "timeout")
+                self._kill()
+                delay = min(delay * 2, 60.0)
+
+    def _kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
