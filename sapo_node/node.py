@@ -6,7 +6,8 @@ Every round r the node
   2. samples I + (J - taken) tasks of its own from its curriculum,
   3. generates L completions per task in batched calls,
   4. scores them with its own verifier in a sandboxed worker,
-  5. shares them: one wire message per group (wire.py), handed to ``Node.publish``,
+  5. shares them: one wire message per group (wire.py), published on the swarm's
+     transport (net/); what peers sent meanwhile is checked into the pool,
   6. computes group advantages and drops groups without signal,
   7. takes one GRPO step (or ppo_epochs steps) on the mix, and
   8. records metrics, moves the curriculum, and checkpoints every N rounds.
@@ -32,7 +33,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
 from sapo_node.intake import Intake, Verdict
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
+from sapo_node.net import NetStats, Transport
 from sapo_node.policy import Policy, load_policy
 from sapo_node.pool import Pool, PooledGroup
 from sapo_node.tasks import (
@@ -124,7 +126,7 @@ class Node:
         config: Config,
         *,
         stop: threading.Event | None = None,
-        publish: Callable[[bytes], None] | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.config = config
         self.stop = stop or threading.Event()
@@ -162,7 +164,8 @@ class Node:
             accept_unregenerable=config.pool.accept_unregenerable,
             max_clock_skew_s=config.pool.max_clock_skew_s,
         )
-        self.publish = publish
+        self.transport = transport
+        self._net_before = NetStats()
         self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
         self.store = CheckpointStore(self.data_dir, keep=config.node.keep_checkpoints)
         self.round = 0
@@ -175,6 +178,7 @@ class Node:
         """Algorithm 1, one round; returns the round's metrics."""
         s, timer = self.config.train, Timer()
         with timer("round"):
+            inbound = self._take_in()
             external = self._take_external(r)
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
@@ -193,7 +197,7 @@ class Node:
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
         record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
-        record["groups_published"] = published
+        record.update(self._net_record(published, inbound))
         return record
 
     def run(self) -> int:
@@ -278,13 +282,31 @@ class Node:
             if self.stop.is_set():
                 raise Stopped
 
+    def _take_in(self) -> Counter[str]:
+        """Every message peers sent since the last round, through the intake into the pool;
+        the author of a message refused as its own fault loses score in the swarm."""
+        outcomes: Counter[str] = Counter()
+        if self.transport is None:
+            return outcomes
+        for message in self.transport.received():
+            verdict = self.receive(message.data, message.author)
+            outcomes[verdict.outcome] += 1
+            if verdict.outcome == "rejected":
+                self.transport.penalise(message.author)
+            if self.stop.is_set():
+                raise Stopped
+        return outcomes
+
     def _share(self, groups: Sequence[Group], r: int) -> int:
-        """Publish this round's groups to peers (when a transport is attached)."""
-        if self.publish is None:
+        """Publish this round's groups to peers (which ones: ``net.publish``)."""
+        choice = self.config.net.publish
+        if self.transport is None or choice == "none":
             return 0
         created_ms = int(time.time() * 1000)
         sent = 0
         for g in groups:
+            if choice == "signal" and not g.has_signal:
+                continue
             message = wire.RolloutGroup(
                 ref=g.task.ref,
                 generator=generator_of(g.task.ref.family),
@@ -299,9 +321,26 @@ class Node:
             except wire.EncodeError as exc:
                 log.warning("group not shared", family=g.task.ref.family, reason=str(exc))
                 continue
-            self.publish(data)
-            sent += 1
+            sent += self.transport.publish(data)
         return sent
+
+    def _net_record(self, published: int, inbound: Counter[str]) -> dict[str, Any]:
+        """This round's swarm figures: peers now, the rest since the previous round."""
+        now = self.transport.stats() if self.transport is not None else NetStats()
+        before, self._net_before = self._net_before, now
+        return {
+            "peers": now.peers,
+            "groups_published": published,
+            "groups_received": sum(inbound.values()),
+            "groups_accepted": inbound["accepted"],
+            "groups_rejected": inbound["rejected"]
+            + inbound["ignored"]
+            + now.rejected
+            - before.rejected,
+            "groups_dropped": now.inbox_dropped - before.inbox_dropped,
+            "bytes_in": now.bytes_in - before.bytes_in,
+            "bytes_out": now.bytes_out - before.bytes_out,
+        }
 
     def _model_label(self) -> str:
         """The model's name for peers: a local directory by its last part only (its full
@@ -489,6 +528,7 @@ def _log_round(rec: dict[str, Any]) -> None:
         cumulative=round(rec["cumulative_reward"], 2),
         tags=round(rec["answer_tag_rate"], 2),
         groups=f"{rec['local_groups']}+{rec['external_groups']}",
+        peers=rec.get("peers", 0),
         trained=rec["train/sequences"],
         levels=" ".join(f"{k[6:]}={v}" for k, v in rec.items() if k.startswith("level/")),
         tok_s=round(rec["tokens_per_s"], 1),

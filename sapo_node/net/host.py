@@ -144,9 +144,7 @@ class SwarmPubsub(Pubsub):
         super().__init__(*args, **kwargs)
         # trap 7: seconds-based seqnos collide after a quick restart; nanoseconds do not
         self.counter = time.time_ns()
-        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         """trap 2: one writer at a time per stream (queue and replay interleaved frames)."""
@@ -329,30 +327,32 @@ class Network:
             await self.pubsub.wait_until_ready()
             self.pubsub.set_topic_validator(self.topic, self.validate, False)
             subscription = await self.pubsub.subscribe(self.topic)
-            async with self.host.run(listen_addrs=self.listen):
-                async with contextlib.AsyncExitStack() as stack:
-                    if self.dht is not None:
-                        await stack.enter_async_context(background_trio_service(self.dht))
-                    await self.out.send(
-                        [
-                            "ready",
-                            self.me.pretty(),
-                            [str(a) for a in self.host.get_addrs()],
-                            [str(a) for a in self.host.get_transport_addrs()],
-                        ]
-                    )
-                    log.info(
-                        "network ready",
-                        peer_id=self.me.pretty(),
-                        addrs=[str(a) for a in self.host.get_addrs()],
-                        topic=self.topic,
-                    )
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._deliver, subscription)
-                        nursery.start_soon(self._report)
-                        nursery.start_soon(self._discover)
-                        await self._obey(commands)
-                        nursery.cancel_scope.cancel()
+            async with (
+                self.host.run(listen_addrs=self.listen),
+                contextlib.AsyncExitStack() as stack,
+            ):
+                if self.dht is not None:
+                    await stack.enter_async_context(background_trio_service(self.dht))
+                await self.out.send(
+                    [
+                        "ready",
+                        self.me.pretty(),
+                        [str(a) for a in self.host.get_addrs()],
+                        [str(a) for a in self.host.get_transport_addrs()],
+                    ]
+                )
+                log.info(
+                    "network ready",
+                    peer_id=self.me.pretty(),
+                    addrs=[str(a) for a in self.host.get_addrs()],
+                    topic=self.topic,
+                )
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._deliver, subscription)
+                    nursery.start_soon(self._report)
+                    nursery.start_soon(self._discover)
+                    await self._obey(commands)
+                    nursery.cancel_scope.cancel()
 
     async def _obey(self, commands: ipc.FrameReader) -> None:
         """Publish and penalise on the parent's word; return on stop or EOF."""
@@ -468,9 +468,9 @@ class Network:
         for peer in store.peers_with_addrs():
             if len(connected) >= self.s["max_peers"]:
                 return
-            if peer != self.me and peer not in connected and peer not in self.banned:
-                if await self._dial(peer):
-                    connected.add(peer)
+            fresh = peer != self.me and peer not in connected and peer not in self.banned
+            if fresh and await self._dial(peer):
+                connected.add(peer)
 
     async def _dial(self, peer: ID, *, force: bool = False) -> bool:
         now = time.monotonic()

@@ -11,6 +11,7 @@ import pytest
 
 from sapo_node import wire
 from sapo_node.config import load_config
+from sapo_node.net.memory import MemoryHub
 from sapo_node.node import Node
 from sapo_node.tasks import TaskRef, generator_of, make_task
 from tests.support.nodes import sevens_overrides
@@ -83,13 +84,17 @@ def test_peers_lies_are_refused(receiver: Node) -> None:
 def test_two_nodes_share_through_the_wire_and_a_restart_keeps_the_pool(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    outbox: list[bytes] = []
+    hub = MemoryHub()
+    listener = hub.join("b")
     sender = _node(tiny_model_dir, tmp_path / "a", seed=1, local=3, external=0)
-    sender.publish = outbox.append
+    sender.transport = hub.join("a")
     try:
-        assert sender.run_round(0)["groups_published"] == 3
+        record = sender.run_round(0)
+        assert record["groups_published"] == 3 and record["peers"] == 1
     finally:
         sender.close()
+    outbox = [m.data for m in listener.received()]
+    assert len(outbox) == 3
     receiver = _node(tiny_model_dir, tmp_path / "b", seed=2, local=1, external=3)
     try:
         verdicts = [receiver.receive(m, "a") for m in outbox]
