@@ -63,11 +63,18 @@ def _overrides(**flags: Any) -> dict[str, Any]:
         "local": ("train", "local_groups"),
         "external": ("train", "external_groups"),
         "lora": ("model", "lora", "enabled"),
+        "swarm": ("net", "swarm"),
+        "listen": ("net", "listen"),
+        "announce": ("net", "announce"),
+        "bootstrap": ("net", "bootstrap"),
+        "offline": ("net", "enabled"),
     }
     out: dict[str, Any] = {}
     for name, value in flags.items():
-        if value is None:
+        if value is None or value == []:
             continue
+        if name == "offline":
+            value = not value
         *path, leaf = where[name]
         node = out
         for part in path:
@@ -112,8 +119,31 @@ def start(
     json_logs: Annotated[
         bool | None, typer.Option("--json-logs", help="Log JSON lines (for machines).")
     ] = None,
+    swarm: Annotated[
+        str | None, typer.Option(help="Swarm name (its GossipSub topic: sapo/NAME/rollouts/v1).")
+    ] = None,
+    listen: Annotated[
+        list[str] | None,
+        typer.Option(help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4141 (repeatable)."),
+    ] = None,
+    announce: Annotated[
+        list[str] | None,
+        typer.Option(help="Multiaddr to give peers instead of the listen ones (repeatable)."),
+    ] = None,
+    bootstrap: Annotated[
+        list[str] | None,
+        typer.Option(help="Peer to join through, /ip4/.../tcp/PORT/p2p/ID (repeatable)."),
+    ] = None,
+    offline: Annotated[
+        bool | None, typer.Option("--offline", help="Train alone: no network at all.")
+    ] = None,
+    no_train: Annotated[
+        bool,
+        typer.Option("--no-train", help="Only relay and bootstrap the swarm; no model is loaded."),
+    ] = False,
 ) -> None:
-    """Start a node: load the model, then run rounds until stopped (Ctrl-C saves and exits)."""
+    """Start a node: load the model, join the swarm, then run rounds until stopped (Ctrl-C
+    saves and exits)."""
     cfg = _config(
         config,
         model=model,
@@ -125,7 +155,14 @@ def start(
         lora=lora,
         seed=seed,
         json_logs=json_logs,
+        swarm=swarm,
+        listen=listen,
+        announce=announce,
+        bootstrap=bootstrap,
+        offline=offline,
     )
+    if no_train and not cfg.net.enabled:
+        raise UsageProblem("--no-train runs a relay, which needs the network (drop --offline)")
     from sapo_node.logs import configure_logging
 
     configure_logging(cfg.node.json_logs)
@@ -140,10 +177,22 @@ def start(
 
     log.info("config", **json.loads(cfg.model_dump_json()))
     stop = threading.Event()
+    _on_signals(stop, log)
+    if no_train:
+        _relay(cfg, stop, log)
+        return
+    if cfg.net.enabled:
+        _check_ports(cfg)  # before the model loads: a busy port is found at once
     try:
         node = Node(cfg, stop=stop)
     except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:
         _fail(str(exc))
+    if cfg.net.enabled:
+        try:
+            node.transport = _open_transport(cfg, node.data_dir)
+        except Exception:
+            node.close()
+            raise
     log.info(
         "node ready",
         model=cfg.model.name,
@@ -156,6 +205,20 @@ def start(
         reasoning_gym=RG_VERSION,
     )
 
+    try:
+        done = node.run()
+    except CheckpointError as exc:
+        _fail(str(exc))
+    finally:
+        node.close()
+        if node.transport is not None:
+            node.transport.close()
+    log.info("stopped", rounds_this_run=done, round=node.round)
+    if node.failure:
+        _fail(node.failure)
+
+
+def _on_signals(stop: threading.Event, log: Any) -> None:
     def on_signal(signum: int, _frame: object) -> None:
         if stop.is_set():  # a second signal: abort without saving
             raise SystemExit(128 + signum)
@@ -167,15 +230,101 @@ def start(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+
+
+def _check_ports(cfg: Any) -> None:
+    from sapo_node.net import NetError
+    from sapo_node.net.host import check_ports_free
+
     try:
-        done = node.run()
-    except CheckpointError as exc:
+        import multiaddr
+
+        check_ports_free([multiaddr.Multiaddr(a) for a in cfg.net.listen])
+    except NetError as exc:
         _fail(str(exc))
+    except ValueError as exc:
+        raise UsageProblem(f"net.listen: {exc}") from None
+
+
+def _open_transport(cfg: Any, data_dir: Path):
+    """The libp2p transport, started; a clear one-line error (exit 1) if it cannot."""
+    import structlog
+
+    from sapo_node.net import NetError
+    from sapo_node.net.process import Libp2pTransport
+
+    try:
+        transport = Libp2pTransport(cfg.net, cfg.pool, data_dir, json_logs=cfg.node.json_logs)
+    except NetError as exc:
+        _fail(str(exc))
+    structlog.get_logger("sapo_node.cli").info(
+        "swarm joined",
+        swarm=cfg.net.swarm,
+        peer_id=transport.peer_id,
+        addrs=transport.addrs,
+        bootstrap=len(cfg.net.bootstrap),
+    )
+    return transport
+
+
+def _relay(cfg: Any, stop: threading.Event, log: Any) -> None:
+    """``start --no-train``: relay and bootstrap the swarm, with no model loaded."""
+    from sapo_node.node import DataDirInUse, lock_data_dir
+
+    data_dir = cfg.node.resolved_data_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = lock_data_dir(data_dir)
+    except DataDirInUse as exc:
+        _fail(str(exc))
+    _check_ports(cfg)
+    transport = _open_transport(cfg, data_dir)
+    try:
+        while not stop.wait(10.0):
+            transport.received()  # a relay forwards; it keeps nothing
+            s = transport.stats()
+            log.info(
+                "relay",
+                peers=s.peers,
+                received=s.received,
+                rejected=s.rejected,
+                bytes_in=s.bytes_in,
+                bytes_out=s.bytes_out,
+                restarts=s.restarts,
+            )
     finally:
-        node.close()
-    log.info("stopped", rounds_this_run=done, round=node.round)
-    if node.failure:
-        _fail(node.failure)
+        transport.close()
+        lock.close()
+    log.info("stopped")
+
+
+@app.command()
+def identity(
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="The node's state directory.")] = None,
+    listen: Annotated[
+        list[str] | None, typer.Option(help="Listen multiaddr, as given to start (repeatable).")
+    ] = None,
+    announce: Annotated[
+        list[str] | None, typer.Option(help="Announce multiaddr, as given to start.")
+    ] = None,
+) -> None:
+    """Print this node's peer ID and the addresses to give others (--bootstrap); creates
+    the identity key on first use."""
+    from sapo_node.net import NetError
+    from sapo_node.net import identity as ident
+    from sapo_node.net.host import announced_addresses
+
+    cfg = _config(config, data_dir=data_dir, listen=listen, announce=announce)
+    try:
+        key = ident.load_or_create(cfg.node.resolved_data_dir())
+    except NetError as exc:
+        _fail(str(exc))
+    peer = ident.peer_id(key)
+    typer.echo(f"peer id: {peer}")
+    for addr in announced_addresses(cfg.net.listen, cfg.net.announce):
+        note = "  (port chosen at start: see its log)" if addr.endswith("/tcp/0") else ""
+        typer.echo(f"address: {addr}/p2p/{peer}{note}")
 
 
 @app.command()

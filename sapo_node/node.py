@@ -132,7 +132,7 @@ class Node:
         self.stop = stop or threading.Event()
         self.data_dir = config.node.resolved_data_dir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock_data_dir(self.data_dir)
+        self._lock = lock_data_dir(self.data_dir)
         self.seed = _node_seed(self.data_dir, config.node.seed)
         if config.node.threads:
             torch.set_num_threads(config.node.threads)
@@ -504,7 +504,7 @@ def _node_seed(data_dir: Path, configured: int | None) -> int:
     return int(seed)
 
 
-def _lock_data_dir(data_dir: Path):
+def lock_data_dir(data_dir: Path):
     handle = (data_dir / "lock").open("a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -1,4 +1,5 @@
-"""Shared fixtures. Tests never reach a model hub: HF_HUB_OFFLINE is forced on."""
+"""Shared fixtures. Tests never reach a model hub (HF_HUB_OFFLINE is forced on) nor any
+address but loopback."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests never touch a network beyond loopback: nodes start offline unless a test turns the
+# network on (it then listens on 127.0.0.1), and mDNS, which multicasts on every
+# interface, stays off (it is tested only inside a network namespace of its own).
+os.environ["SAPO_NET__ENABLED"] = "false"
+os.environ["SAPO_NET__MDNS"] = "false"
+os.environ["SAPO_NET__LISTEN"] = '["/ip4/127.0.0.1/tcp/0"]'
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -238,6 +238,13 @@ def interface_addresses(addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Mult
     return out
 
 
+def announced_addresses(listen: list[str], announce: list[str]) -> list[str]:
+    """The addresses a node gives peers (without /p2p/ID), as its host will."""
+    if announce:
+        return list(announce)
+    return [str(a) for a in interface_addresses([multiaddr.Multiaddr(x) for x in listen])]
+
+
 class Network:
     """The host, pubsub, DHT and the loops around them."""
 

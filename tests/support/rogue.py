@@ -1,0 +1,163 @@
+"""A hostile swarm peer, written straight against py-libp2p (not ``sapo_node.net.host``,
+which would refuse to send what this sends). Tests run it as a subprocess:
+
+    python -m tests.support.rogue garbage BOOTSTRAP_MULTIADDR TOPIC
+    python -m tests.support.rogue invalid BOOTSTRAP_MULTIADDR TOPIC [--count N]
+        [--valid M] [--linger S]
+
+- ``garbage``: opens pubsub streams to the peer and writes one frame that is not a
+  protobuf RPC (``b"\\xff" * 64``), then, on a fresh stream, one that is a well-formed RPC
+  full of nonsense (a message with a junk author, key and signature, a GRAFT for an
+  unknown topic); then exits.
+- ``invalid``: runs Pubsub + GossipSub with strict signing, subscribes to TOPIC, waits
+  for the peer in its mesh, then publishes N signed messages whose data are invalid wire
+  messages (``protocol/vectors/invalid/*.msgpack``, then ``b"not msgpack"``), one every
+  0.2 s, then M valid ones (``protocol/vectors/valid/*.msgpack``), then stays connected
+  for S seconds (a peer's score is forgotten when it disconnects).
+
+It listens on 127.0.0.1 only and prints one line per thing it does (``peer_id``,
+``connected``, ``mesh``, ``sent ...``, ``done``), flushed, so a test can follow it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.tools.anyio_service import background_trio_service
+from libp2p.utils.varint import encode_varint_prefixed
+
+VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
+LISTEN = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+PROTOCOL = "/meshsub/1.1.0"
+
+
+def say(*words: object) -> None:
+    print(*words, flush=True)
+
+
+def make_host():
+    key = create_new_key_pair()
+    noise = NoiseTransport(key, noise_privkey=create_new_x25519_key_pair().private_key)
+    host = new_host(
+        key_pair=key,
+        sec_opt={NOISE_PROTOCOL_ID: noise},
+        muxer_preference="YAMUX",
+        listen_addrs=LISTEN,
+    )
+    return host
+
+
+def invalid_payloads(count: int) -> list[bytes]:
+    files = sorted((VECTORS / "invalid").glob("*.msgpack"))
+    payloads = [f.read_bytes() for f in files] + [b"not msgpack"]
+    return [payloads[i % len(payloads)] for i in range(count)]
+
+
+def valid_payloads(count: int) -> list[bytes]:
+    small = [f for f in sorted((VECTORS / "valid").glob("*.msgpack")) if f.stat().st_size < 4096]
+    return [small[i % len(small)].read_bytes() for i in range(count)]
+
+
+def nonsense_rpc(topic: str) -> bytes:
+    """A well-formed RPC that makes no sense: a message whose author, key and signature
+    are junk, and a GRAFT for a topic nobody has."""
+    junk = rpc_pb2.Message(
+        from_id=b"\x00\x01junk",
+        data=b"\xc1" * 10,
+        seqno=b"\xff" * 3,
+        topicIDs=[topic],
+        signature=b"\x00" * 7,
+        key=b"\x08\x63junk",
+    )
+    control = rpc_pb2.ControlMessage(graft=[rpc_pb2.ControlGraft(topicID="no/such/topic")])
+    return rpc_pb2.RPC(publish=[junk], control=control).SerializeToString()
+
+
+async def garbage(bootstrap: str, topic: str) -> None:
+    host = make_host()
+    info = info_from_p2p_addr(multiaddr.Multiaddr(bootstrap))
+    async with host.run(listen_addrs=LISTEN):
+        say("peer_id", host.get_id().pretty())
+        await host.connect(info)
+        say("connected")
+        stream = await host.new_stream(info.peer_id, [PROTOCOL])
+        await stream.write(encode_varint_prefixed(b"\xff" * 64))
+        say("sent garbage frame")
+        await trio.sleep(0.5)
+        stream = await host.new_stream(info.peer_id, [PROTOCOL])
+        await stream.write(encode_varint_prefixed(nonsense_rpc(topic)))
+        say("sent nonsense frame")
+        await trio.sleep(0.5)
+    say("done")
+
+
+async def invalid(bootstrap: str, topic: str, count: int, valid: int, linger: float) -> None:
+    host = make_host()
+    gossipsub = GossipSub(
+        protocols=[PROTOCOL],
+        degree=6,
+        degree_low=4,
+        degree_high=12,
+        heartbeat_interval=1,
+        heartbeat_initial_delay=0.1,
+        adaptive_gossip_enabled=False,
+        spam_protection_enabled=False,
+    )
+    pubsub = Pubsub(host, gossipsub, strict_signing=True)
+    info = info_from_p2p_addr(multiaddr.Multiaddr(bootstrap))
+    async with background_trio_service(pubsub), background_trio_service(gossipsub):
+        await pubsub.wait_until_ready()
+        await pubsub.subscribe(topic)
+        async with host.run(listen_addrs=LISTEN):
+            say("peer_id", host.get_id().pretty())
+            await host.connect(info)
+            say("connected")
+            with trio.fail_after(20):
+                while info.peer_id not in gossipsub.mesh.get(topic, set()):
+                    await trio.sleep(0.1)
+            say("mesh")
+            for i, data in enumerate(invalid_payloads(count)):
+                await pubsub.publish(topic, data)
+                say("sent invalid", i, len(data))
+                await trio.sleep(0.2)
+            for i, data in enumerate(valid_payloads(valid)):
+                await pubsub.publish(topic, data)
+                say("sent valid", i, len(data))
+                await trio.sleep(0.2)
+            say("done")
+            await trio.sleep(linger)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.support.rogue")
+    parser.add_argument("mode", choices=["garbage", "invalid"])
+    parser.add_argument("bootstrap", help="/ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID")
+    parser.add_argument("topic")
+    parser.add_argument("--count", type=int, default=8, help="invalid messages to send")
+    parser.add_argument("--valid", type=int, default=0, help="valid messages to send after")
+    parser.add_argument("--linger", type=float, default=60.0, help="seconds to stay after")
+    args = parser.parse_args(argv)
+    if not args.bootstrap.startswith("/ip4/127.0.0.1/"):
+        parser.error("the rogue peer dials loopback only")
+    if args.mode == "garbage":
+        trio.run(garbage, args.bootstrap, args.topic)
+    else:
+        trio.run(invalid, args.bootstrap, args.topic, args.count, args.valid, args.linger)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
