@@ -69,6 +69,7 @@ EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (trap 8)
 BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
 MAX_BANNED = 10_000
 DIAL_TIMEOUT_S = 5.0
+STALE_S = 15.0  # a connection without a pubsub stream this long is dropped and redialled
 PROVIDE_EVERY_S = 60.0
 
 # Trap 1 / 4 / 5 need the module's own names to count bytes and size queues.
@@ -163,11 +164,40 @@ class SwarmPubsub(Pubsub):
             peer = stream.muxed_conn.peer_id
             COUNTERS.bad_frames += 1
             log.warning("bad pubsub frame; stream reset", peer=str(peer), error=repr(exc)[:200])
-            if self.router.scorer is not None:
-                self.router.scorer.penalize_behavior(peer, 1.0)
             with contextlib.suppress(Exception):
                 await stream.reset()
             self._handle_dead_peer(peer)
+            # after: forgetting the dead peer forgets its score too
+            if self.router.scorer is not None:
+                self.router.scorer.penalize_behavior(peer, 1.0)
+
+    async def push_msg(self, msg_forwarder: Any, msg: Any) -> None:
+        """trap 1 again: each received message is checked in a task of its own, outside
+        the stream handler, and an exception there (a junk public key in a message, say)
+        ends the whole host. Such a message is dropped and counted as a bad frame.
+
+        The library drops, unvalidated and at no cost, messages from a peer whose score
+        is below the publish threshold, so invalid messages alone could never take a
+        peer down to the graylist and the ban. Here each such message costs as an
+        invalid one: a peer that goes on sending once refused is banned."""
+        scorer = self.router.scorer
+        if (
+            scorer is not None
+            and not self.is_peer_blacklisted(msg_forwarder)
+            and not self._is_msg_seen(msg)
+            and not scorer.allow_publish(msg_forwarder, list(msg.topicIDs))
+        ):
+            for topic in msg.topicIDs:
+                scorer.on_invalid_message(msg_forwarder, topic)
+            return
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except Exception as exc:
+            COUNTERS.bad_frames += 1
+            log.warning("bad pubsub message", peer=str(msg_forwarder), error=repr(exc)[:200])
+            if self.router.scorer is not None:
+                for topic in msg.topicIDs:
+                    self.router.scorer.on_invalid_message(msg_forwarder, topic)
 
 
 def score_params() -> ScoreParams:
@@ -297,6 +327,7 @@ class Network:
         self.me = self.host.get_id()
         self.banned: OrderedDict[ID, float] = OrderedDict()
         self.backoff: dict[ID, tuple[float, float]] = {}  # peer -> (next try, delay)
+        self.no_pubsub_since: dict[ID, float] = {}
 
     # --- the validator ---------------------------------------------------------------
 
@@ -366,7 +397,10 @@ class Network:
         while True:
             frame = await commands.receive()
             if frame is None or frame[0] == "stop":
-                return
+                # Nothing here needs saving, and tearing the services down politely can
+                # take seconds; peers see the connections close either way.
+                sys.stderr.flush()
+                os._exit(0)
             if frame[0] == "publish":
                 await self._backpressure()
                 await self.pubsub.publish(self.topic, frame[1])
@@ -453,10 +487,12 @@ class Network:
                 if info.peer_id not in connected and info.peer_id != self.me:
                     self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
                     await self._dial(info.peer_id, force=True)
+            await self._drop_stale(connected)
             if self.dht is not None:
-                for peer in self.host.get_connected_peers():
-                    with contextlib.suppress(Exception):
-                        await self.dht.add_peer(peer)
+                with trio.move_on_after(DIAL_TIMEOUT_S * 2):
+                    for peer in self.host.get_connected_peers():
+                        with contextlib.suppress(Exception):
+                            await self.dht.add_peer(peer)
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
                     if trio.current_time() - last_provide >= PROVIDE_EVERY_S:
                         with contextlib.suppress(Exception):
@@ -468,6 +504,23 @@ class Network:
                                 self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
             await self._dial_known()
             await trio.sleep(self.s["redial_s"])
+
+    async def _drop_stale(self, connected: set[ID]) -> None:
+        """A connection whose pubsub stream never came up (a handshake lost under load)
+        carries nothing: drop it, so that the next pass dials afresh."""
+        now = time.monotonic()
+        for peer in list(self.no_pubsub_since):
+            if peer not in connected or peer in self.pubsub.peers:
+                del self.no_pubsub_since[peer]
+        for peer in connected:
+            if peer in self.pubsub.peers:
+                continue
+            since = self.no_pubsub_since.setdefault(peer, now)
+            if now - since > STALE_S:
+                log.info("dropping a connection without pubsub", peer=peer.pretty())
+                del self.no_pubsub_since[peer]
+                with trio.move_on_after(DIAL_TIMEOUT_S), contextlib.suppress(Exception):
+                    await self.host.disconnect(peer)
 
     async def _dial_known(self) -> None:
         store = self.host.get_peerstore()
@@ -485,6 +538,11 @@ class Network:
         if not force and now < next_try:
             return False
         info = self.host.get_peerstore().peer_info(peer)
+        # The library refuses every dial to a peer for 60 s after one failed (its
+        # "negative cache"), so a peer back from a restart went unheard for a minute;
+        # our own backoff decides when to try again.
+        with contextlib.suppress(Exception):
+            self.host.get_network().unblock_peer(peer)
         with trio.move_on_after(DIAL_TIMEOUT_S):
             try:
                 await self.host.connect(info)
@@ -525,6 +583,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     for name in ("libp2p", "multiaddr", "zeroconf", "aioquic", "async_service"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # A failed dial is retried on a schedule and logged by us (debug), not once per attempt.
+    logging.getLogger("libp2p.transport").setLevel(logging.CRITICAL)
     sys.exit(trio.run(_main, 0, out_fd))
 
 

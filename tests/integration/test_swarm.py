@@ -1,0 +1,105 @@
+"""Whole nodes in a swarm: real `sapo-node start` processes with the tiny model, talking
+libp2p GossipSub on loopback, joining, dying and coming back while the others train."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.support.swarm import NodeProcess, node_config, stop_all, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture()
+def nodes(tmp_path: Path, tiny_model_dir: Path, request):
+    """Make nodes with ``nodes(name)``; all are stopped at the end."""
+    made: list[NodeProcess] = []
+    swarm = re.sub("[^a-z0-9]+", "-", request.node.name[5:40].lower())
+    config = node_config(tmp_path / "node.toml", tiny_model_dir, swarm)
+
+    def make(name: str) -> NodeProcess:
+        made.append(NodeProcess(name, tmp_path, config))
+        return made[-1]
+
+    yield make
+    stop_all(*made, timeout=30)
+
+
+def _trained_with_peers(node: NodeProcess, after_round: int = -1) -> bool:
+    return any(r["external_groups"] > 0 and r["round"] > after_round for r in node.records())
+
+
+def _received(node: NodeProcess, after_round: int = -1) -> int:
+    return sum(r["groups_received"] for r in node.records() if r["round"] > after_round)
+
+
+def _round(node: NodeProcess) -> int:
+    records = node.records()
+    return records[-1]["round"] if records else -1
+
+
+def _logs(*nodes: NodeProcess) -> str:
+    return "\n".join(f"--- {n.name}\n{n.tail()}" for n in nodes)
+
+
+def test_three_nodes_train_on_each_others_groups(nodes) -> None:
+    a = nodes("a").start()
+    b = nodes("b").start(a)
+    c = nodes("c").start(b)
+    assert wait_until(
+        lambda: all(_trained_with_peers(n) for n in (a, b, c)), 150, alive=(a, b, c)
+    ), _logs(a, b, c)
+    for n in (a, b, c):
+        assert max(r["peers"] for r in n.records()) >= 1
+        assert sum(r["groups_accepted"] for r in n.records()) > 0
+    assert stop_all(a, b, c) == [0] * 3, _logs(a, b, c)
+
+
+def test_a_killed_node_rejoins_with_its_identity_while_the_others_go_on(nodes) -> None:
+    a = nodes("a").start()
+    b = nodes("b").start(a)
+    assert wait_until(lambda: _received(a) > 0 and _received(b) > 0, 150, alive=(a, b)), _logs(a, b)
+    b.kill()
+    at_kill = _round(a)
+    assert wait_until(lambda: _round(a) >= at_kill + 2, 60, alive=(a,)), _logs(a)  # a never stops
+    assert a.alive()
+    b_round = _round(b)
+    b.start(a)  # same data directory: same key, same peer ID, same port
+    assert wait_until(lambda: _received(b, after_round=b_round) > 0, 120, alive=(a, b)), _logs(a, b)
+    assert wait_until(lambda: _received(a, after_round=_round(a)) > 0, 60, alive=(a, b)), _logs(
+        a, b
+    )
+    assert stop_all(a, b) == [0] * 2, _logs(a, b)
+
+
+def test_a_node_that_joins_late_receives_groups(nodes) -> None:
+    a = nodes("a").start()
+    b = nodes("b").start(a)
+    assert wait_until(lambda: _received(b) > 0, 150, alive=(a, b)), _logs(a, b)
+    late = nodes("late").start(b)
+    assert wait_until(lambda: _trained_with_peers(late), 150, alive=(a, b, late)), _logs(a, b, late)
+    assert stop_all(a, b, late) == [0] * 3, _logs(a, b, late)
+
+
+def test_a_chain_whose_middle_dies_heals(nodes) -> None:
+    """a <- b <- c: c knows only b. When b dies, a and c find each other through what
+    the DHT and the peerstore told them, and c receives a's groups again."""
+    a = nodes("a").start()
+    b = nodes("b").start(a)
+    c = nodes("c").start(b)
+    assert wait_until(lambda: _received(a) > 0 and _received(c) > 0, 150, alive=(a, b, c)), _logs(
+        a, b, c
+    )
+    b.kill()
+    a_round, c_round = _round(a), _round(c)
+    assert wait_until(
+        lambda: (
+            _received(c, after_round=c_round + 1) > 0 and _received(a, after_round=a_round + 1) > 0
+        ),
+        120,
+        alive=(a, c),
+    ), _logs(a, c)
+    assert stop_all(a, c) == [0] * 2, _logs(a, c)
