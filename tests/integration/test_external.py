@@ -202,3 +202,43 @@ def test_a_pool_that_cannot_write_or_read_loses_no_round(receiver: Node, monkeyp
     monkeypatch.setattr(type(receiver.pool), "sample", full)
     record = receiver.run_round(0)  # J slots are filled with own groups
     assert record["external_groups"] == 0 and record["local_groups"] == 4
+
+
+def test_the_round_takes_in_what_the_transport_received_and_penalises_liars(
+    receiver: Node,
+) -> None:
+    hub = MemoryHub()
+    receiver.transport = hub.join("me")
+    honest, liar = hub.join("honest"), hub.join("liar")
+    honest.publish(wire.encode(_shared(5, ("777", "abc", "7a7", "xyz"))))
+    liar.publish(wire.encode(dataclasses.replace(_shared(6, ("7", "x")), question="Lie.")))
+    liar.publish(b"\xc1 not msgpack")
+    record = receiver.run_round(0)
+    assert record["groups_received"] == 3 and record["groups_accepted"] == 1
+    assert record["groups_rejected"] == 2 and record["external_groups"] == 1
+    assert receiver.transport.penalised == ["liar", "liar"]
+    assert receiver.pool.counts()["liar"] == {"question_mismatch": 1, "malformed": 1}
+    assert record["peers"] == 2 and record["groups_published"] == 3
+    assert [m.author for m in honest.received()].count("me") == 3  # its own groups, shared
+
+
+def test_publish_choice_signal_shares_only_groups_with_signal(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    overrides = sevens_overrides(
+        tiny_model_dir,
+        tmp_path / "n",
+        generation={"max_new_tokens": 6, "completions_per_task": 4},
+        train={"local_groups": 4, "external_groups": 0},
+        net={"publish": "signal"},
+    )
+    node = Node(load_config(overrides=overrides, environ={}))
+    hub = MemoryHub()
+    node.transport, listener = hub.join("n"), hub.join("l")
+    try:
+        record = node.run_round(0)
+    finally:
+        node.close()
+    shared = [wire.decode(m.data) for m in listener.received()]
+    assert record["groups_published"] == len(shared) <= 4
+    assert all(len(set(g.completions)) > 1 for g in shared)  # equal texts score equal

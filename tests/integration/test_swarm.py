@@ -103,3 +103,15 @@ def test_a_chain_whose_middle_dies_heals(nodes) -> None:
         alive=(a, c),
     ), _logs(a, c)
     assert stop_all(a, c) == [0] * 2, _logs(a, c)
+
+
+def test_nodes_meet_through_a_relay_that_loads_no_model(nodes) -> None:
+    relay = nodes("relay").start(extra=("--no-train",))
+    a = nodes("a").start(relay)
+    b = nodes("b").start(relay)
+    assert wait_until(
+        lambda: _trained_with_peers(a) and _trained_with_peers(b), 150, alive=(relay, a, b)
+    ), _logs(relay, a, b)
+    assert not (relay.data_dir / "metrics.jsonl").exists()  # it trained nothing
+    assert '"event": "relay"' in relay.log.read_text()
+    assert stop_all(relay, a, b) == [0] * 3, _logs(relay, a, b)
