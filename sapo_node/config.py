@@ -266,9 +266,9 @@ class ScoringSection(_Section):
 class TrainSection(_Section):
     """The GRPO update."""
 
-    local_groups: int = Field(4, ge=0, le=4096, description="I: own tasks per round.")
+    local_groups: int = Field(2, ge=0, le=4096, description="I: own tasks per round.")
     external_groups: int = Field(
-        0, ge=0, le=4096, description="J: peers' groups per round (filled with own if short)."
+        2, ge=0, le=4096, description="J: peers' groups per round (filled with own if short)."
     )
     optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
     lr: float = Field(1e-5, gt=0.0, le=1.0, description="Learning rate.")

@@ -479,7 +479,7 @@ class Network:
     async def _discover(self) -> None:
         """trap 10 / 15: re-dial bootstrap peers, announce the swarm in the DHT and dial
         its other members, and dial peers mDNS put in the peerstore."""
-        key = f"/sapo/{self.topic}"
+        key = self.topic  # the DHT key is its UTF-8 bytes (protocol/SPEC.md, discovery)
         last_provide = -PROVIDE_EVERY_S
         while True:
             connected = set(self.host.get_connected_peers())
