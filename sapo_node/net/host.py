@@ -69,6 +69,10 @@ EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (trap 8)
 BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
 MAX_BANNED = 10_000
 DIAL_TIMEOUT_S = 5.0
+# Message ids of valid messages are remembered this long (refreshed on each sighting):
+# memory is bounded by the authors' rate limit times this. Content duplicates are the
+# pool's job, for its max_age_s.
+SEEN_TTL_S = 120
 STALE_S = 15.0  # a connection without a pubsub stream this long is dropped and redialled
 PROVIDE_EVERY_S = 60.0
 
@@ -318,7 +322,7 @@ class Network:
             self.gossipsub,
             strict_signing=True,  # the author is the signer; unsigned messages are dropped
             max_inbound_rpc_size=INBOUND_RPC_LIMIT,
-            seen_ttl=int(settings["seen_ttl_s"]),
+            seen_ttl=SEEN_TTL_S,
             validation_cache_size=4096,
         )  # trap 14: the default message id (author + seqno) is kept
         self.limiter = RateLimiter(settings["rate_per_author"], settings["burst_per_author"])

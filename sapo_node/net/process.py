@@ -65,7 +65,6 @@ class Libp2pTransport:
             "mesh_degree": net.mesh_degree,
             "rate_per_author": pool.rate_per_author,
             "burst_per_author": pool.burst_per_author,
-            "seen_ttl_s": max(120, int(pool.max_age_s)),
             "json_logs": json_logs,
         }
         self.publish_timeout_s = publish_timeout_s
