@@ -3,7 +3,7 @@ which would refuse to send what this sends). Tests run it as a subprocess:
 
     python -m tests.support.rogue garbage BOOTSTRAP_MULTIADDR TOPIC
     python -m tests.support.rogue invalid BOOTSTRAP_MULTIADDR TOPIC [--count N]
-        [--valid M] [--linger S]
+        [--valid M] [--interval S] [--pause S] [--linger S]
 
 - ``garbage``: opens pubsub streams to the peer and writes one frame that is not a
   protobuf RPC (``b"\\xff" * 64``), then, on a fresh stream, one that is a well-formed RPC
@@ -12,8 +12,9 @@ which would refuse to send what this sends). Tests run it as a subprocess:
 - ``invalid``: runs Pubsub + GossipSub with strict signing, subscribes to TOPIC, waits
   for the peer in its mesh, then publishes N signed messages whose data are invalid wire
   messages (``protocol/vectors/invalid/*.msgpack``, then ``b"not msgpack"``), one every
-  0.2 s, then M valid ones (``protocol/vectors/valid/*.msgpack``), then stays connected
-  for S seconds (a peer's score is forgotten when it disconnects).
+  ``--interval`` s, waits ``--pause`` s, sends M valid ones (the small
+  ``protocol/vectors/valid/*.msgpack``), then stays connected ``--linger`` s (a peer's
+  score is forgotten when it disconnects).
 
 It listens on 127.0.0.1 only and prints one line per thing it does (``peer_id``,
 ``connected``, ``mesh``, ``sent ...``, ``done``), flushed, so a test can follow it.
@@ -104,7 +105,7 @@ async def garbage(bootstrap: str, topic: str) -> None:
     say("done")
 
 
-async def invalid(bootstrap: str, topic: str, count: int, valid: int, linger: float) -> None:
+async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
     host = make_host()
     gossipsub = GossipSub(
         protocols=[PROTOCOL],
@@ -125,20 +126,21 @@ async def invalid(bootstrap: str, topic: str, count: int, valid: int, linger: fl
             say("peer_id", host.get_id().pretty())
             await host.connect(info)
             say("connected")
-            with trio.fail_after(20):
+            with trio.fail_after(60):
                 while info.peer_id not in gossipsub.mesh.get(topic, set()):
                     await trio.sleep(0.1)
             say("mesh")
-            for i, data in enumerate(invalid_payloads(count)):
+            for i, data in enumerate(invalid_payloads(args.count)):
                 await pubsub.publish(topic, data)
                 say("sent invalid", i, len(data))
-                await trio.sleep(0.2)
-            for i, data in enumerate(valid_payloads(valid)):
+                await trio.sleep(args.interval)
+            await trio.sleep(args.pause)
+            for i, data in enumerate(valid_payloads(args.valid)):
                 await pubsub.publish(topic, data)
                 say("sent valid", i, len(data))
-                await trio.sleep(0.2)
+                await trio.sleep(args.interval)
             say("done")
-            await trio.sleep(linger)
+            await trio.sleep(args.linger)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("topic")
     parser.add_argument("--count", type=int, default=8, help="invalid messages to send")
     parser.add_argument("--valid", type=int, default=0, help="valid messages to send after")
+    parser.add_argument("--interval", type=float, default=0.2, help="seconds between messages")
+    parser.add_argument("--pause", type=float, default=0.0, help="seconds before the valid ones")
     parser.add_argument("--linger", type=float, default=60.0, help="seconds to stay after")
     args = parser.parse_args(argv)
     if not args.bootstrap.startswith("/ip4/127.0.0.1/"):
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "garbage":
         trio.run(garbage, args.bootstrap, args.topic)
     else:
-        trio.run(invalid, args.bootstrap, args.topic, args.count, args.valid, args.linger)
+        trio.run(invalid, args.bootstrap, args.topic, args)
     return 0
 
 

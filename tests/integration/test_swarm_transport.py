@@ -1,0 +1,396 @@
+"""The libp2p transport for real: network child processes on loopback exchanging
+messages, refusing bad ones, surviving hostile peers, restarts and crashes.
+
+Every node listens on 127.0.0.1 only, mDNS off, in a swarm of its test's own; every
+process started here is stopped in the fixture's teardown. The hostile peer is
+``tests/support/rogue.py``, written straight against py-libp2p.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sapo_node.config import NetSection, PoolSection
+from sapo_node.net import NetError, Received, identity
+from sapo_node.net.process import Libp2pTransport
+
+REPO = Path(__file__).resolve().parents[2]
+VALID = REPO / "protocol" / "vectors" / "valid"
+INVALID = REPO / "protocol" / "vectors" / "invalid"
+MINIMAL = (VALID / "minimal.msgpack").read_bytes()
+UNICODE = (VALID / "unicode.msgpack").read_bytes()
+CUSTOM = (VALID / "custom_family.msgpack").read_bytes()
+BIGGEST = (VALID / "size_limit.msgpack").read_bytes()  # 512 KiB, the largest valid message
+TRUNCATED = (INVALID / "malformed_truncated.msgpack").read_bytes()
+
+
+# Deadlines, not delays: generous, for a loaded machine; each wait ends as soon as it can.
+MESH_S = 30.0  # a mesh forms 1-3 s after connecting (1 s heartbeat)
+MSG_S = 20.0  # a message arrives in well under a second
+
+
+def wait_until(pred: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Swarm:
+    """Transports and rogue peers of one test, all stopped by :meth:`close`."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.root = root
+        self.name = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40] or "test"
+        self.transports: list[Libp2pTransport] = []
+        self.rogues: list[subprocess.Popen] = []
+        self.got: dict[int, list[Received]] = {}
+
+    def net(self, bootstrap: list[str] = (), port: int = 0) -> NetSection:
+        return NetSection(
+            listen=[f"/ip4/127.0.0.1/tcp/{port}"],
+            bootstrap=list(bootstrap),
+            mdns=False,
+            redial_s=1.0,
+            swarm=self.name,
+        )
+
+    def start(
+        self,
+        name: str,
+        *,
+        to: Libp2pTransport | None = None,
+        port: int = 0,
+        pool: PoolSection | None = None,
+    ) -> Libp2pTransport:
+        bootstrap = [to.addrs[0]] if to is not None else []
+        t = Libp2pTransport(self.net(bootstrap, port), pool or PoolSection(), self.root / name)
+        self.transports.append(t)
+        return t
+
+    def rogue(self, mode: str, target: Libp2pTransport, *args: str) -> tuple[Path, int]:
+        """A rogue peer aimed at ``target``; its output goes to a file, read by tests."""
+        log = self.root / f"rogue-{len(self.rogues)}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.rogue", mode, target.addrs[0]]
+                + [target.topic, *args],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.rogues.append(proc)
+        return log, len(self.rogues) - 1
+
+    def messages(self, t: Libp2pTransport) -> list[Received]:
+        """Everything ``t`` received so far (drains its inbox into a running list)."""
+        got = self.got.setdefault(id(t), [])
+        got.extend(t.received())
+        return got
+
+    def data_from(self, t: Libp2pTransport, author: Libp2pTransport) -> list[bytes]:
+        return [m.data for m in self.messages(t) if m.author == author.peer_id]
+
+    def close(self) -> None:
+        for proc in self.rogues:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+        for t in self.transports:
+            try:
+                t.close()
+            finally:
+                if t._proc is not None and t._proc.poll() is None:
+                    t._proc.kill()
+                    t._proc.wait(10)
+
+
+@pytest.fixture()
+def swarm(tmp_path: Path, request: pytest.FixtureRequest):
+    s = Swarm(tmp_path, request.node.name)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def meshed(*transports: Libp2pTransport, peers: int = 1) -> Callable[[], bool]:
+    return lambda: all(int(t.child_stats.get("mesh", 0)) >= peers for t in transports)
+
+
+def alive(t: Libp2pTransport) -> bool:
+    return t._proc is not None and t._proc.poll() is None and t.stats().restarts == 0
+
+
+def rogue_said(log: Path, word: str) -> Callable[[], bool]:
+    return lambda: word in log.read_text(errors="replace")
+
+
+# --- exchanging messages -------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_two_then_three_transports_exchange_messages_with_their_authors(swarm):
+    a = swarm.start("a")
+    b = swarm.start("b", to=a)
+    assert a.peer_id != b.peer_id
+    assert all(addr.startswith("/ip4/127.0.0.1/tcp/") for addr in a.addrs + b.addrs)
+    wait_until(meshed(a, b), MESH_S, "a and b in one mesh")
+
+    assert b.publish(MINIMAL) and a.publish(UNICODE)
+    wait_until(lambda: swarm.data_from(a, b) == [MINIMAL], MSG_S, "a receives b's message")
+    wait_until(lambda: swarm.data_from(b, a) == [UNICODE], MSG_S, "b receives a's message")
+    assert all(m.author == b.peer_id for m in swarm.messages(a))
+
+    c = swarm.start("c", to=a)
+    wait_until(lambda: meshed(c)() and a.peers() >= 2, MESH_S, "c joins the mesh")
+    assert c.publish(CUSTOM)
+    for t in (a, b):
+        wait_until(lambda t=t: swarm.data_from(t, c) == [CUSTOM], MSG_S, "a and b get c's message")
+
+    # invalid bytes are refused by every receiver, counted, and reach nobody's node
+    rejected = {id(t): t.stats().rejected for t in (b, c)}
+    assert a.publish(b"not msgpack") and a.publish(TRUNCATED)
+    a.publish(MINIMAL)  # a valid one after them, as a marker
+    for t in (b, c):
+        wait_until(lambda t=t: MINIMAL in swarm.data_from(t, a), MSG_S, "the marker arrives")
+        wait_until(lambda t=t: t.stats().rejected >= rejected[id(t)] + 2, 10, "both refused")
+        assert b"not msgpack" not in swarm.data_from(t, a)
+        assert TRUNCATED not in swarm.data_from(t, a)
+    assert a.stats().published == 4 and a.stats().publish_dropped == 0
+    wait_until(lambda: b.stats().received >= 3 and c.stats().received >= 1, 10, "counted")
+    assert all(alive(t) for t in (a, b, c))
+
+
+# --- identity ------------------------------------------------------------------------
+
+
+def test_identity_key_is_private_and_the_peer_id_stable(tmp_path):
+    first = identity.peer_id(identity.load_or_create(tmp_path / "node"))
+    key = tmp_path / "node" / identity.KEY_FILE
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert identity.peer_id(identity.load_or_create(tmp_path / "node")) == first
+    assert first.startswith("12D3KooW")  # ed25519
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == [identity.KEY_FILE]
+
+
+def test_a_transport_refuses_a_key_file_that_is_not_a_key(tmp_path):
+    key = tmp_path / "node" / identity.KEY_FILE
+    key.parent.mkdir()
+    key.write_bytes(b"\x00garbage, not a key\xff")
+    key.chmod(0o600)
+    net = NetSection(listen=["/ip4/127.0.0.1/tcp/0"], mdns=False, redial_s=1.0, swarm="badkey")
+    with pytest.raises(NetError, match=r"is not a libp2p private key.*move it away"):
+        Libp2pTransport(net, PoolSection(), tmp_path / "node")
+
+
+def test_a_transport_refuses_an_unreadable_key_file(tmp_path):
+    (tmp_path / "node" / identity.KEY_FILE).mkdir(parents=True)  # unreadable, even as root
+    net = NetSection(listen=["/ip4/127.0.0.1/tcp/0"], mdns=False, redial_s=1.0, swarm="nokey")
+    with pytest.raises(NetError, match="cannot read the identity key"):
+        Libp2pTransport(net, PoolSection(), tmp_path / "node")
+
+
+def test_a_transport_refuses_a_key_file_others_can_read(tmp_path):
+    identity.load_or_create(tmp_path / "node")
+    (tmp_path / "node" / identity.KEY_FILE).chmod(0o644)
+    net = NetSection(listen=["/ip4/127.0.0.1/tcp/0"], mdns=False, redial_s=1.0, swarm="openkey")
+    with pytest.raises(NetError, match=r"readable by others \(mode 644\).*chmod 600"):
+        Libp2pTransport(net, PoolSection(), tmp_path / "node")
+
+
+# --- port in use ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_second_transport_on_a_port_in_use_says_so(swarm):
+    port = free_port()
+    a = swarm.start("a", port=port)
+    assert any(f"/tcp/{port}/" in addr for addr in a.addrs)
+    with pytest.raises(NetError, match=rf"port {port} on 127\.0\.0\.1 is in use"):
+        swarm.start("b", port=port)
+    assert alive(a)
+
+
+# --- hostile peers -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_garbage_pubsub_frames_crash_nobody(swarm):
+    victim = swarm.start("victim")
+    honest = swarm.start("honest", to=victim)
+    wait_until(meshed(victim, honest), MESH_S, "victim and honest peer in one mesh")
+
+    log, n = swarm.rogue("garbage", victim)
+    assert swarm.rogues[n].wait(60) == 0, log.read_text()
+    assert "sent garbage frame" in log.read_text() and "sent nonsense frame" in log.read_text()
+    # one undecodable frame, one message with a junk key: each counted, neither fatal
+    wait_until(lambda: victim.child_stats.get("bad_frames", 0) >= 2, MSG_S, "bad frames counted")
+
+    assert honest.publish(MINIMAL) and victim.publish(UNICODE)
+    wait_until(lambda: swarm.data_from(victim, honest) == [MINIMAL], MSG_S, "victim still receives")
+    wait_until(lambda: swarm.data_from(honest, victim) == [UNICODE], MSG_S, "victim still sends")
+    assert alive(victim) and alive(honest)
+
+
+@pytest.mark.timeout(240)
+def test_a_peer_joining_mid_stream_of_big_messages_crashes_nobody(swarm):
+    """trap 2: the replay of recent messages to a newcomer and the queued ones must not
+    interleave their writes on one stream."""
+    pool = PoolSection(rate_per_author=1000.0, burst_per_author=1000)
+    a = swarm.start("a", pool=pool)
+    b = swarm.start("b", to=a, pool=pool)
+    wait_until(meshed(a, b), MESH_S, "a and b in one mesh")
+
+    # a publishes 512 KiB messages, ~6 a second, until c has joined and had some
+    published, started, stop = [], threading.Event(), threading.Event()
+
+    def stream() -> None:
+        while not stop.is_set() and len(published) < 300:
+            published.append(a.publish(BIGGEST))
+            if len(published) == 5:
+                started.set()
+            time.sleep(0.15)
+
+    publisher = threading.Thread(target=stream, daemon=True)
+    publisher.start()
+    try:
+        assert started.wait(30)
+        c = swarm.start("c", to=a, pool=pool)  # joins while a is publishing
+        wait_until(
+            lambda: swarm.data_from(b, a) and len(swarm.data_from(c, a)) >= 10,
+            60,
+            "c receives the stream",
+        )
+    finally:
+        stop.set()
+        publisher.join(30)
+    assert not publisher.is_alive() and all(published)
+    count = len(published)
+    wait_until(lambda: len(swarm.data_from(b, a)) == count, 60, "b gets the whole stream")
+    assert all(d == BIGGEST for d in swarm.data_from(b, a) + swarm.data_from(c, a))
+    assert a.stats().publish_dropped == 0
+
+    # everyone still talks to everyone
+    for sender, data in ((a, MINIMAL), (b, UNICODE), (c, CUSTOM)):
+        assert sender.publish(data)
+    for receiver in (a, b, c):
+        for sender, data in ((a, MINIMAL), (b, UNICODE), (c, CUSTOM)):
+            if sender is not receiver:
+                wait_until(
+                    lambda r=receiver, s=sender, d=data: d in swarm.data_from(r, s),
+                    20,
+                    "a final message from each to each",
+                )
+    for t in (a, b, c):
+        assert alive(t), t.child_stats
+        assert t.child_stats.get("bad_frames", 0) == 0
+
+
+@pytest.mark.timeout(180)
+def test_a_peer_publishing_invalid_groups_is_penalised_then_banned(swarm):
+    victim = swarm.start("victim")
+    honest = swarm.start("honest", to=victim)
+    wait_until(meshed(victim, honest), MESH_S, "victim and honest peer in one mesh")
+
+    args = ["--count", "8", "--interval", "0.5", "--pause", "3", "--valid", "3"]
+    log, _ = swarm.rogue("invalid", victim, *args, "--linger", "60")
+    wait_until(rogue_said(log, "peer_id "), 60, "the rogue peer starts")
+    rogue_id = re.search(r"peer_id (\S+)", log.read_text()).group(1)
+
+    worst, valid_sent_before_ban = 0.0, None
+
+    def banned() -> bool:
+        nonlocal worst, valid_sent_before_ban
+        worst = min(worst, victim.child_stats.get("scores", {}).get(rogue_id, 0.0))
+        if rogue_id in victim.child_stats.get("banned", []):
+            valid_sent_before_ban = "sent valid" in log.read_text()
+            return True
+        return False
+
+    wait_until(banned, 60, f"the rogue peer banned; its log:\n{log.read_text()}")
+    assert worst <= -10.0  # each invalid message cost it, before the ban
+    assert valid_sent_before_ban is False
+    assert victim.stats().rejected >= 3  # refused by the wire checks (then by its score)
+    wait_until(rogue_said(log, "done"), 30, "the rogue sends valid messages after the ban")
+    time.sleep(1.0)  # what it sent has had time to arrive
+
+    # none of its messages, the invalid ones nor the valid ones after the ban, reach the node
+    assert [m for m in swarm.messages(victim) if m.author == rogue_id] == []
+    assert rogue_id in victim.child_stats["banned"]
+    # and the honest peer is still heard
+    assert honest.publish(MINIMAL)
+    wait_until(lambda: swarm.data_from(victim, honest) == [MINIMAL], MSG_S, "the honest peer")
+    assert alive(victim) and alive(honest)
+
+
+# --- restarts ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_network_process_is_restarted_with_the_same_identity_and_address(swarm):
+    a = swarm.start("a")
+    b = swarm.start("b", to=a)
+    wait_until(meshed(a, b), MESH_S, "a and b in one mesh")
+    assert b.publish(MINIMAL)
+    wait_until(lambda: swarm.data_from(a, b) == [MINIMAL], MSG_S, "a message before the crash")
+    wait_until(lambda: a.stats().received == 1, 10, "counted (the child reports each second)")
+    old_pid, old_addrs, peer_id = a._proc.pid, list(a.addrs), a.peer_id
+
+    os.kill(old_pid, signal.SIGKILL)
+    wait_until(lambda: a.stats().restarts == 1, MSG_S, "the supervisor notices")
+    wait_until(lambda: a._proc.pid != old_pid and a._ready.is_set(), 60, "a new child")
+    assert a.peer_id == peer_id and a.addrs == old_addrs
+    assert a.addrs[0].endswith(f"/p2p/{peer_id}")
+    wait_until(meshed(a, b), MESH_S, "b dials a again; one mesh")
+
+    assert b.publish(UNICODE) and a.publish(CUSTOM)
+    wait_until(lambda: UNICODE in swarm.data_from(a, b), MSG_S, "a receives after the restart")
+    wait_until(lambda: swarm.data_from(b, a) == [CUSTOM], MSG_S, "b receives a's new message")
+    # the counts of the dead child are kept: 1 before, 1 after
+    wait_until(lambda: a.stats().received == 2, 10, "counts carried across the restart")
+    assert a.stats().restarts == 1 and a._proc.poll() is None and alive(b)
+
+
+@pytest.mark.timeout(180)
+def test_sequence_numbers_survive_a_quick_restart(swarm):
+    """trap 7: seqnos counted from the clock in seconds repeat after a restart within
+    seconds, and the receiver drops the new messages as already seen."""
+    receiver = swarm.start("receiver")
+    publisher = swarm.start("publisher", to=receiver)
+    wait_until(meshed(receiver, publisher), MESH_S, "one mesh")
+    n = 20
+    for _ in range(n):
+        assert publisher.publish(MINIMAL)
+    wait_until(lambda: len(swarm.data_from(receiver, publisher)) == n, MSG_S, "the first 20")
+
+    publisher.close()
+    again = swarm.start("publisher", to=receiver)  # same data dir, at once
+    assert again.peer_id == publisher.peer_id
+    wait_until(meshed(again), MESH_S, "the restarted publisher in the mesh")
+    for _ in range(n):
+        assert again.publish(UNICODE)
+    wait_until(
+        lambda: swarm.data_from(receiver, again).count(UNICODE) == n,
+        20,
+        "all 20 after the restart (none taken as duplicates)",
+    )
+    assert alive(receiver)
