@@ -328,6 +328,69 @@ def identity(
 
 
 @app.command()
+def swarm(
+    nodes: Annotated[int, typer.Option(min=1, max=64, help="How many nodes to start.")] = 3,
+    base_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Their data directories: BASE/node-0 ... (default: sapo-node-swarm beside "
+            "the default data directory, e.g. ~/.local/share/sapo-node-swarm)."
+        ),
+    ] = None,
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, help="Node i listens on 127.0.0.1, port PORT+i.")
+    ] = 4150,
+    every: Annotated[
+        float, typer.Option(min=0.2, help="Seconds between two views of the swarm.")
+    ] = 5.0,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML config file for every node.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model of every node (as for start).")] = None,
+    rounds: Annotated[
+        int | None, typer.Option(min=0, help="Each node stops after N rounds in total.")
+    ] = None,
+    swarm_name: Annotated[
+        str | None, typer.Option("--swarm", help="Swarm name (GossipSub topic), as for start.")
+    ] = None,
+    device: Annotated[Device | None, typer.Option(help="Compute device of every node.")] = None,
+    local: Annotated[int | None, typer.Option(min=0, help="I: own tasks per round.")] = None,
+    external: Annotated[int | None, typer.Option(min=0, help="J: peers' groups per round.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Base seed; node i gets SEED+i.")] = None,
+) -> None:
+    """Start N nodes on this machine (loopback only, each with its own data directory and
+    port, bootstrapped to each other) and show them in one view; Ctrl-C stops them all."""
+    from sapo_node.swarm import Passthrough, SwarmError, run_swarm
+
+    _config(  # a bad option or config file: one usage error here, not N in the logs
+        config,
+        model=model,
+        rounds=rounds,
+        swarm=swarm_name,
+        device=device,
+        local=local,
+        external=external,
+        seed=seed,
+    )
+    passthrough = Passthrough(
+        config=config,
+        model=model,
+        rounds=rounds,
+        swarm=swarm_name,
+        device=device.value if device is not None else None,
+        local=local,
+        external=external,
+        seed=seed,
+    )
+    try:
+        code = run_swarm(nodes, base_dir=base_dir, port=port, every=every, passthrough=passthrough)
+    except SwarmError as exc:
+        _fail(str(exc))
+    if code:
+        raise SystemExit(code)
+
+
+@app.command()
 def plot(
     metrics: Annotated[
         Path, typer.Argument(help="A metrics.jsonl file.", exists=True, dir_okay=False)
