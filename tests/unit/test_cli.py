@@ -75,7 +75,7 @@ def test_model_that_cannot_be_loaded_exits_1(tmp_path: Path, capsys) -> None:
 
 def test_config_command_prints_resolved_config(capsys) -> None:
     main(["config"])
-    assert json.loads(capsys.readouterr().out)["train"]["local_groups"] == 4
+    assert json.loads(capsys.readouterr().out)["train"]["local_groups"] == 2
 
 
 def test_plot_writes_pngs(tmp_path: Path) -> None:
