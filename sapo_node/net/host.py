@@ -34,6 +34,7 @@ import time
 import weakref
 from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import multiaddr
@@ -302,6 +303,15 @@ class Network:
             announce_addrs=announce or None,
             addrs_factory=None if announce else interface_addresses,
         )
+        if self.host.mDNS is not None:
+            # py-libp2p's mDNS announces the raw listen addresses, so the default
+            # /ip4/0.0.0.0/... reached LAN peers as 0.0.0.0, which each dialled as itself:
+            # announce the interfaces' addresses, as go-libp2p does (announce ones are
+            # for peers elsewhere).
+            transport_addrs = self.host.get_transport_addrs
+            self.host.mDNS.broadcaster.host = SimpleNamespace(
+                get_transport_addrs=lambda: interface_addresses(transport_addrs())
+            )
         degree = settings["mesh_degree"]
         self.gossipsub = SwarmGossipSub(
             protocols=PROTOCOLS,
