@@ -133,3 +133,38 @@ def test_pool_prints_what_the_pool_holds_and_per_peer_counts(tmp_path: Path, cap
     }
     code, _, err = _run(["pool", "--data-dir", str(tmp_path / "none")], capsys)
     assert code == 1 and "no pool at" in err
+
+
+def test_identity_is_created_once_and_printed_with_addresses(tmp_path: Path, capsys) -> None:
+    argv = ["identity", "--data-dir", str(tmp_path), "--listen", "/ip4/127.0.0.1/tcp/4141"]
+    main(argv)
+    first = capsys.readouterr().out
+    main(argv)
+    assert capsys.readouterr().out == first
+    peer = first.splitlines()[0].removeprefix("peer id: ")
+    assert peer.startswith("12D3KooW")
+    assert f"address: /ip4/127.0.0.1/tcp/4141/p2p/{peer}" in first
+    assert (tmp_path / "identity.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_busy_port_is_one_line_and_exit_1_before_the_model_loads(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import socket
+
+    monkeypatch.setenv("SAPO_NET__ENABLED", "true")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        argv = ["start", "--data-dir", str(tmp_path), "--model", str(tmp_path / "no-model")]
+        code, _, err = _run([*argv, "--listen", f"/ip4/127.0.0.1/tcp/{port}"], capsys)
+    last = err.splitlines()[-1]  # after the logged config
+    assert code == 1 and last.startswith("sapo-node: error: ")
+    assert f"port {port} on 127.0.0.1 is in use" in last
+    assert "node ready" not in err
+
+
+def test_no_train_needs_the_network(capsys) -> None:
+    code, _, err = _run(["start", "--no-train", "--offline"], capsys)
+    assert code == 2 and "--no-train" in err
