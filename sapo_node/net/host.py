@@ -595,10 +595,12 @@ def main() -> None:
     out_fd = os.dup(1)
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    # py-libp2p logs routine events (a failed dial, a stream refused by a busy peer) as
+    # errors, several lines each. What matters is logged here in our own words (bad
+    # frames, bans, restarts); SAPO_LIBP2P_LOG=DEBUG shows the library's own logs.
+    level = os.environ.get("SAPO_LIBP2P_LOG", "CRITICAL").upper()
     for name in ("libp2p", "multiaddr", "zeroconf", "aioquic", "async_service"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    # A failed dial is retried on a schedule and logged by us (debug), not once per attempt.
-    logging.getLogger("libp2p.transport").setLevel(logging.CRITICAL)
+        logging.getLogger(name).setLevel(level)
     sys.exit(trio.run(_main, 0, out_fd))
 
 
