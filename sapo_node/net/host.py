@@ -67,6 +67,7 @@ BACKPRESSURE_FILL = 0.5  # publish waits while a peer's queue is fuller than thi
 BACKPRESSURE_WAIT_S = 10.0
 INBOUND_RPC_LIMIT = 8 * 2**20  # trap 5: above js-libp2p's 4 MiB; the real cap is wire's
 EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (trap 8)
+EXCUSED_MEMORY = 8192  # ids of messages refused through no sender's fault
 BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
 MAX_BANNED = 10_000
 DIAL_TIMEOUT_S = 5.0
@@ -148,6 +149,11 @@ class SwarmGossipSub(GossipSub):
 class SwarmPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Ids of messages refused through no fault of whoever relays them (another
+        # version, the author over its rate): further copies are dropped unchecked and at
+        # no cost, where the library would answer from its validation cache and charge
+        # each honest relay as for an invalid message.
+        self.excused: OrderedDict[bytes, None] = OrderedDict()
         # trap 7: seconds-based seqnos collide after a quick restart; nanoseconds do not
         self.counter = time.time_ns()
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
@@ -185,6 +191,8 @@ class SwarmPubsub(Pubsub):
         is below the publish threshold, so invalid messages alone could never take a
         peer down to the graylist and the ban. Here each such message costs as an
         invalid one: a peer that goes on sending once refused is banned."""
+        if self.get_message_id(msg) in self.excused:
+            return
         scorer = self.router.scorer
         if (
             scorer is not None
@@ -249,18 +257,31 @@ def check_ports_free(addrs: list[multiaddr.Multiaddr]) -> None:
                 raise NetError(f"cannot listen on {addr}: {exc}") from None
 
 
-def interface_addresses(addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
-    """trap 13: a wildcard listen address is announced as each interface's address."""
-    import ifaddr
+_interfaces: tuple[float, list[str]] = (0.0, [])
 
-    ips = sorted(
-        {
+
+def _interface_ips() -> list[str]:
+    """This machine's IPv4 addresses but loopback, looked up at most once a minute (the
+    library asks for the host's addresses on every message it sends)."""
+    global _interfaces
+    if time.monotonic() >= _interfaces[0]:
+        import ifaddr
+
+        ips = {
             ip.ip
             for adapter in ifaddr.get_adapters()
             for ip in adapter.ips
             if isinstance(ip.ip, str) and not ip.ip.startswith("127.")
         }
-    )
+        _interfaces = (time.monotonic() + 60.0, sorted(ips))
+    return _interfaces[1]
+
+
+def interface_addresses(addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+    """trap 13: a wildcard listen address is announced as each interface's address."""
+    if not any(str(a).startswith("/ip4/0.0.0.0/") for a in addrs):
+        return addrs
+    ips = _interface_ips()
     out = []
     for addr in addrs:
         text = str(addr)
@@ -336,6 +357,9 @@ class Network:
             validation_cache_size=4096,
         )  # trap 14: the default message id (author + seqno) is kept
         self.limiter = RateLimiter(settings["rate_per_author"], settings["burst_per_author"])
+        # Peers refuse an author above this rate (their pool's limit, presumed equal to
+        # ours): publishing faster only loses groups, so this node waits instead.
+        self.own_rate = RateLimiter(settings["rate_per_author"], settings["burst_per_author"])
         self.dht = KadDHT(self.host, DHTMode.SERVER) if settings["dht"] else None
         self.bootstrap = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in settings["bootstrap"]]
         self.me = self.host.get_id()
@@ -353,7 +377,8 @@ class Network:
         result = wire.decode(msg.data)  # refuses above wire.MAX_MESSAGE_BYTES first
         if isinstance(result, wire.Rejection):
             COUNTERS.rejected += 1
-            self.scorer.excuse_next = result.ignored
+            if result.ignored:
+                self._excuse(msg)
             log.info(
                 "message refused",
                 author=author.pretty(),
@@ -364,9 +389,16 @@ class Network:
             return False
         if not self.limiter.allow(author.pretty(), time.monotonic()):
             COUNTERS.rate_limited += 1
-            self.scorer.excuse_next = True
+            self._excuse(msg)
             return False
         return True
+
+    def _excuse(self, msg: Any) -> None:
+        """This refusal is nobody's fault: no score lost, now or for later copies."""
+        self.scorer.excuse_next = True
+        self.pubsub.excused[self.pubsub.get_message_id(msg)] = None
+        while len(self.pubsub.excused) > EXCUSED_MEMORY:
+            self.pubsub.excused.popitem(last=False)
 
     # --- loops -----------------------------------------------------------------------
 
@@ -416,6 +448,8 @@ class Network:
                 sys.stderr.flush()
                 os._exit(0)
             if frame[0] == "publish":
+                while not self.own_rate.allow("", time.monotonic()):
+                    await trio.sleep(1.0 / self.own_rate.rate)
                 await self._backpressure()
                 await self.pubsub.publish(self.topic, frame[1])
                 COUNTERS.published += 1
