@@ -338,6 +338,7 @@ class Node:
             + now.rejected
             - before.rejected,
             "groups_dropped": now.inbox_dropped - before.inbox_dropped,
+            "groups_unsent": now.publish_dropped - before.publish_dropped,
             "bytes_in": now.bytes_in - before.bytes_in,
             "bytes_out": now.bytes_out - before.bytes_out,
         }
