@@ -3,21 +3,25 @@ which would refuse to send what this sends). Tests run it as a subprocess:
 
     python -m tests.support.rogue garbage BOOTSTRAP_MULTIADDR TOPIC
     python -m tests.support.rogue invalid BOOTSTRAP_MULTIADDR TOPIC [--count N]
-        [--valid M] [--interval S] [--pause S] [--linger S]
+        [--valid M] [--interval S] [--pause S] [--linger S] [--dial MULTIADDR ...]
+        [--vector NAME ...]
 
 - ``garbage``: opens pubsub streams to the peer and writes one frame that is not a
   protobuf RPC (``b"\\xff" * 64``), then, on a fresh stream, one that is a well-formed RPC
   full of nonsense (a message with a junk author, key and signature, a GRAFT for an
   unknown topic); then exits.
 - ``invalid``: runs Pubsub + GossipSub with strict signing, subscribes to TOPIC, waits
-  for the peer in its mesh, then publishes N signed messages whose data are invalid wire
-  messages (``protocol/vectors/invalid/*.msgpack``, then ``b"not msgpack"``), one every
-  ``--interval`` s, waits ``--pause`` s, sends M valid ones (the small
-  ``protocol/vectors/valid/*.msgpack``), then stays connected ``--linger`` s (a peer's
-  score is forgotten when it disconnects).
+  for the peer (and each ``--dial`` one) in its mesh, then publishes N signed messages
+  whose data are invalid wire messages (``protocol/vectors/invalid/*.msgpack``, then
+  ``b"not msgpack"``; only the ``--vector`` ones if given, by name without
+  ``.msgpack``), one every ``--interval`` s, waits ``--pause`` s, sends M valid ones (the
+  small ``protocol/vectors/valid/*.msgpack``), then stays connected ``--linger`` s (a
+  peer's score is forgotten when it disconnects). It relays, unchecked, what its mesh
+  peers send: with ``--count 0 --valid 0`` it stands for a node of another version.
 
 It listens on 127.0.0.1 only and prints one line per thing it does (``peer_id``,
-``connected``, ``mesh``, ``sent ...``, ``done``), flushed, so a test can follow it.
+``addr``, ``connected``, ``mesh``, ``sent ...``, ``done``), flushed, so a test can
+follow it.
 """
 
 from __future__ import annotations
@@ -61,9 +65,12 @@ def make_host():
     return host
 
 
-def invalid_payloads(count: int) -> list[bytes]:
-    files = sorted((VECTORS / "invalid").glob("*.msgpack"))
-    payloads = [f.read_bytes() for f in files] + [b"not msgpack"]
+def invalid_payloads(count: int, names: list[str] | None = None) -> list[bytes]:
+    if names:
+        payloads = [(VECTORS / "invalid" / f"{name}.msgpack").read_bytes() for name in names]
+    else:
+        files = sorted((VECTORS / "invalid").glob("*.msgpack"))
+        payloads = [f.read_bytes() for f in files] + [b"not msgpack"]
     return [payloads[i % len(payloads)] for i in range(count)]
 
 
@@ -118,19 +125,21 @@ async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
         spam_protection_enabled=False,
     )
     pubsub = Pubsub(host, gossipsub, strict_signing=True)
-    info = info_from_p2p_addr(multiaddr.Multiaddr(bootstrap))
+    infos = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in [bootstrap, *args.dial]]
     async with background_trio_service(pubsub), background_trio_service(gossipsub):
         await pubsub.wait_until_ready()
         await pubsub.subscribe(topic)
         async with host.run(listen_addrs=LISTEN):
             say("peer_id", host.get_id().pretty())
-            await host.connect(info)
+            say("addr", host.get_addrs()[0])
+            for info in infos:
+                await host.connect(info)
             say("connected")
             with trio.fail_after(60):
-                while info.peer_id not in gossipsub.mesh.get(topic, set()):
+                while any(i.peer_id not in gossipsub.mesh.get(topic, set()) for i in infos):
                     await trio.sleep(0.1)
             say("mesh")
-            for i, data in enumerate(invalid_payloads(args.count)):
+            for i, data in enumerate(invalid_payloads(args.count, args.vector)):
                 await pubsub.publish(topic, data)
                 say("sent invalid", i, len(data))
                 await trio.sleep(args.interval)
@@ -153,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between messages")
     parser.add_argument("--pause", type=float, default=0.0, help="seconds before the valid ones")
     parser.add_argument("--linger", type=float, default=60.0, help="seconds to stay after")
+    parser.add_argument("--dial", action="append", default=[], help="a further peer to join")
+    parser.add_argument("--vector", action="append", help="an invalid vector's name to send")
     args = parser.parse_args(argv)
-    if not args.bootstrap.startswith("/ip4/127.0.0.1/"):
+    if not all(a.startswith("/ip4/127.0.0.1/") for a in [args.bootstrap, *args.dial]):
         parser.error("the rogue peer dials loopback only")
     if args.mode == "garbage":
         trio.run(garbage, args.bootstrap, args.topic)
