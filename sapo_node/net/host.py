@@ -616,12 +616,17 @@ async def _main(in_fd: int, out_fd: int) -> int:
     except (NetError, ValueError) as exc:
         await out.send(["fatal", str(exc)])
         return 1
+    failure = None
     try:
         await network.run(commands)
-    except OSError as exc:  # listen failures surface here
-        await out.send(["fatal", f"cannot listen on {settings['listen']}: {exc}"])
-        return 1
-    return 0
+    except* ipc.PeerGone:  # the node exited without a word: nothing left to serve
+        pass
+    except* OSError as group:  # listen failures surface here
+        failure = f"cannot listen on {settings['listen']}: {group.exceptions[0]}"
+    if failure is None:
+        return 0
+    await out.send(["fatal", failure])
+    return 1
 
 
 def main() -> None:

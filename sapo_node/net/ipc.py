@@ -66,6 +66,10 @@ class FrameReader:
         return _unpack(body)
 
 
+class PeerGone(Exception):
+    """The other end of the pipe has closed (for the network process: its node exited)."""
+
+
 class FrameWriter:
     """Frames to a trio send stream, one writer at a time."""
 
@@ -74,4 +78,7 @@ class FrameWriter:
 
     async def send(self, frame: list[Any]) -> None:
         async with self.lock:
-            await self.stream.send_all(pack(frame))
+            try:
+                await self.stream.send_all(pack(frame))
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise PeerGone from exc

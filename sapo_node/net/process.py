@@ -4,10 +4,12 @@ The libp2p stack (``sapo_node.net.host``) runs in a child process, so that train
 neither its GIL nor its event loop, and a crash in the network stack costs a restart, not
 the model. The node talks to it through bounded queues:
 
-- ``publish`` puts a message on a bounded queue (waiting at most ``publish_timeout_s``;
-  the child applies the peers' backpressure by reading the next message only when their
-  queues have room); a message that cannot be queued is counted and logged, never lost
-  silently;
+- ``publish`` puts a message on a bounded queue and returns at once: the round loop
+  never waits for the network. The child takes the next message only when this node is
+  within the per-author rate its peers enforce and every peer's send queue has room
+  (backpressure); when the queue is full because the swarm cannot keep up, a message
+  is not shared, and that is counted (``publish_dropped``, ``groups_unsent``) and
+  logged, never silent;
 - received messages land in an :class:`~sapo_node.net.Inbox`, bounded per author.
 
 If the child dies it is restarted (with the same identity and the ports it had), with
@@ -17,10 +19,12 @@ a growing delay; the round loop never waits for it.
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +50,6 @@ class Libp2pTransport:
         *,
         json_logs: bool = False,
         start_timeout_s: float = 60.0,
-        publish_timeout_s: float = 5.0,
         queue_size: int = 256,
     ) -> None:
         key = identity.load_or_create(data_dir)
@@ -67,7 +70,7 @@ class Libp2pTransport:
             "burst_per_author": pool.burst_per_author,
             "json_logs": json_logs,
         }
-        self.publish_timeout_s = publish_timeout_s
+        self._last_drop_log = -math.inf
         self.addrs: list[str] = []
         self.child_stats: dict[str, Any] = {}
         self._inbox = Inbox(net.inbox_per_peer, net.inbox_total)
@@ -96,14 +99,18 @@ class Libp2pTransport:
         if self._closing.is_set():
             return False
         try:
-            self._outbox.put(["publish", data], timeout=self.publish_timeout_s)
+            self._outbox.put_nowait(["publish", data])
         except queue.Full:
             with self._lock:
                 self._stats.publish_dropped += 1
-            log.warning(
-                "network not keeping up: a group was not shared",
-                waited_s=self.publish_timeout_s,
-            )
+                dropped = self._stats.publish_dropped
+            if time.monotonic() - self._last_drop_log >= 60.0:
+                self._last_drop_log = time.monotonic()
+                log.warning(
+                    "the swarm is not keeping up: groups not shared",
+                    queued=self._outbox.qsize(),
+                    unsent_since_start=dropped,
+                )
             return False
         with self._lock:
             self._stats.published += 1
