@@ -7,13 +7,7 @@ import pytest
 
 from sapo_node.cli import main
 from sapo_node.plot import plot_metrics
-
-
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+from tests.support.cli import run_cli
 
 
 @pytest.mark.parametrize(
@@ -29,7 +23,7 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     ],
 )
 def test_usage_errors_are_one_line_with_exit_code_2(argv, needle, capsys) -> None:
-    code, _, err = _run(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
     assert code == 2
     assert needle in err
     assert err.startswith("sapo-node: error: ") and err.count("\n") == 1
@@ -38,12 +32,12 @@ def test_usage_errors_are_one_line_with_exit_code_2(argv, needle, capsys) -> Non
 def test_invalid_config_values_exit_2(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[train]\nlr = -1\n")
-    code, _, err = _run(["start", "--config", str(bad)], capsys)
+    code, _, err = run_cli(["start", "--config", str(bad)], capsys)
     assert code == 2 and "train.lr" in err
 
 
 def test_cli_flags_that_break_cross_checks_exit_2(capsys) -> None:
-    code, _, err = _run(["start", "--local", "0", "--external", "0"], capsys)
+    code, _, err = run_cli(["start", "--local", "0", "--external", "0"], capsys)
     assert code == 2 and "at least 1" in err
 
 
@@ -66,7 +60,7 @@ def test_help_explains_every_start_option(capsys) -> None:
 
 
 def test_model_that_cannot_be_loaded_exits_1(tmp_path: Path, capsys) -> None:
-    code, _, err = _run(
+    code, _, err = run_cli(
         ["start", "--model", str(tmp_path / "missing"), "--data-dir", str(tmp_path / "d")], capsys
     )
     assert code == 1
@@ -99,7 +93,7 @@ def test_plot_writes_pngs(tmp_path: Path) -> None:
 
 def test_unreadable_node_state_exits_1(tmp_path: Path, capsys) -> None:
     (tmp_path / "node.json").write_text("{broken")
-    code, _, err = _run(["start", "--data-dir", str(tmp_path), "--model", "/no/model"], capsys)
+    code, _, err = run_cli(["start", "--data-dir", str(tmp_path), "--model", "/no/model"], capsys)
     assert code == 1 and "node.json cannot be read" in err
 
 
@@ -131,7 +125,7 @@ def test_pool_prints_what_the_pool_holds_and_per_peer_counts(tmp_path: Path, cap
         "peer-a": {"held": 1, "accepted": 1},
         "peer-b": {"held": 0, "question_mismatch": 1},
     }
-    code, _, err = _run(["pool", "--data-dir", str(tmp_path / "none")], capsys)
+    code, _, err = run_cli(["pool", "--data-dir", str(tmp_path / "none")], capsys)
     assert code == 1 and "no pool at" in err
 
 
@@ -158,7 +152,7 @@ def test_a_busy_port_is_one_line_and_exit_1_before_the_model_loads(
         busy.listen(1)
         port = busy.getsockname()[1]
         argv = ["start", "--data-dir", str(tmp_path), "--model", str(tmp_path / "no-model")]
-        code, _, err = _run([*argv, "--listen", f"/ip4/127.0.0.1/tcp/{port}"], capsys)
+        code, _, err = run_cli([*argv, "--listen", f"/ip4/127.0.0.1/tcp/{port}"], capsys)
     last = err.splitlines()[-1]  # after the logged config
     assert code == 1 and last.startswith("sapo-node: error: ")
     assert f"port {port} on 127.0.0.1 is in use" in last
@@ -166,5 +160,5 @@ def test_a_busy_port_is_one_line_and_exit_1_before_the_model_loads(
 
 
 def test_no_train_needs_the_network(capsys) -> None:
-    code, _, err = _run(["start", "--no-train", "--offline"], capsys)
+    code, _, err = run_cli(["start", "--no-train", "--offline"], capsys)
     assert code == 2 and "--no-train" in err

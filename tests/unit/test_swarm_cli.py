@@ -17,6 +17,7 @@ import pytest
 
 from sapo_node import swarm as sw
 from sapo_node.cli import main
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -325,13 +326,6 @@ def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
 # --- the command -----------------------------------------------------------------------
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
-
-
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -345,7 +339,7 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
 def test_swarm_usage_errors_exit_2_before_any_node_starts(
     argv, needle, capsys, tmp_path: Path
 ) -> None:
-    code, _, err = _run([*argv, "--base-dir", str(tmp_path / "b")], capsys)
+    code, _, err = run_cli([*argv, "--base-dir", str(tmp_path / "b")], capsys)
     assert code == 2 and needle in err
     assert not (tmp_path / "b").exists()
 
@@ -355,7 +349,7 @@ def test_swarm_on_a_busy_port_is_a_one_line_error(tmp_path: Path, capsys) -> Non
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        code, _, err = _run(
+        code, _, err = run_cli(
             ["swarm", "--nodes", "1", "--port", str(port), "--base-dir", str(tmp_path)], capsys
         )
     assert code == 1
