@@ -4,12 +4,12 @@ Started by :class:`sapo_node.net.process.Libp2pTransport` as ``python -m
 sapo_node.net.host``; it never imports torch. It talks to its parent over stdin/stdout
 in length-prefixed MessagePack frames (``sapo_node.net.ipc``):
 
-    parent -> here   ["settings", {...}] first, then ["publish", bytes], ["penalise", author],
-                     ["stop"]
+    parent -> here   ["settings", {...}] first, then ["publish", bytes], ["penalise", author]
     here -> parent   ["ready", peer_id, [addr, ...], [listen, ...]], ["message", bytes, author],
                      ["stats", {...}] every second, ["fatal", text]
 
-It exits when told to stop or when stdin closes (its parent died).
+It holds nothing worth saving: the parent stops it with SIGTERM, and it exits by itself
+when stdin closes (its parent died).
 
 Each trap of py-libp2p 0.8.1 measured in LIBP2P.md has its answer here, marked "trap N":
 a guarded stream handler, serialised writes, no spam limit (per-author token buckets
@@ -439,12 +439,12 @@ class Network:
                     nursery.cancel_scope.cancel()
 
     async def _obey(self, commands: ipc.FrameReader) -> None:
-        """Publish and penalise on the parent's word; return on stop or EOF."""
+        """Publish and penalise on the parent's word; exit when the parent is gone."""
         while True:
             frame = await commands.receive()
-            if frame is None or frame[0] == "stop":
-                # Nothing here needs saving, and tearing the services down politely can
-                # take seconds; peers see the connections close either way.
+            if frame is None:
+                # Tearing the services down politely can take seconds, and peers see the
+                # connections close either way.
                 sys.stderr.flush()
                 os._exit(0)
             if frame[0] == "publish":

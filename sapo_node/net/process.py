@@ -136,15 +136,14 @@ class Libp2pTransport:
             self._outbox.put_nowait(["penalise", author])
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Ask the child to stop, then make sure it has."""
+        """Stop the child (SIGTERM: it has nothing to save), then make sure it has. Not a
+        frame on stdin: the writer thread may be blocked on a full pipe there."""
         if self._closing.is_set():
             return
         self._closing.set()
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                proc.stdin.write(ipc.pack(["stop"]))
-                proc.stdin.flush()
+            proc.terminate()
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
