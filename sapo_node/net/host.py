@@ -500,9 +500,9 @@ class Network:
             "backpressure_waits": COUNTERS.backpressure_waits,
             "banned": [p.pretty() for p in self.banned],
             "scores": {
-                p.pretty(): round(self.scorer.score(p, [self.topic]), 2)
+                p.pretty(): round(score, 2)
                 for p in topic_peers
-                if self.scorer.score(p, [self.topic]) < 0
+                if (score := self.scorer.score(p, [self.topic])) < 0
             },
         }
 
