@@ -528,7 +528,7 @@ class Network:
         """trap 10 / 15: re-dial bootstrap peers, announce the swarm in the DHT and dial
         its other members, and dial peers mDNS put in the peerstore."""
         key = self.topic  # the DHT key is its UTF-8 bytes (protocol/SPEC.md, discovery)
-        last_provide = -PROVIDE_EVERY_S
+        last_provide, provided_to = -PROVIDE_EVERY_S, set()
         while True:
             connected = set(self.host.get_connected_peers())
             for info in self.bootstrap:
@@ -542,10 +542,13 @@ class Network:
                         with contextlib.suppress(Exception):
                             await self.dht.add_peer(peer)
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
-                    if trio.current_time() - last_provide >= PROVIDE_EVERY_S:
+                    # Announce again each minute, and as soon as new peers connect: an
+                    # announcement made while alone reached nobody.
+                    due = trio.current_time() - last_provide >= PROVIDE_EVERY_S
+                    if connected and (due or not connected <= provided_to):
                         with contextlib.suppress(Exception):
-                            await self.dht.provide(key)
-                            last_provide = trio.current_time()
+                            if await self.dht.provide(key):
+                                last_provide, provided_to = trio.current_time(), connected
                     with contextlib.suppress(Exception):
                         for info in await self.dht.find_providers(key, 50):
                             if info.peer_id != self.me and info.addrs:

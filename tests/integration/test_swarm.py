@@ -86,14 +86,16 @@ def test_a_node_that_joins_late_receives_groups(nodes) -> None:
 
 
 def test_a_chain_whose_middle_dies_heals(nodes) -> None:
-    """a <- b <- c: c knows only b. When b dies, a and c find each other through what
-    the DHT and the peerstore told them, and c receives a's groups again."""
+    """a <- b <- c: c knows only b, a knows nobody. Through b's DHT records a and c find
+    each other, so when b dies the swarm does not split: they go on exchanging."""
     a = nodes("a").start()
     b = nodes("b").start(a)
     c = nodes("c").start(b)
     assert wait_until(lambda: _received(a) > 0 and _received(c) > 0, 150, alive=(a, b, c)), _logs(
         a, b, c
     )
+    # a and c learn of each other beyond their bootstrap lists (the DHT), before b dies
+    assert wait_until(lambda: a.records()[-1]["peers"] >= 2, 90, alive=(a, b, c)), _logs(a, c)
     b.kill()
     a_round, c_round = _round(a), _round(c)
     assert wait_until(
