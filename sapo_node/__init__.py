@@ -1,3 +1,3 @@
 """sapo-node: a SAPO swarm node."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -120,7 +120,7 @@ def start(
         bool | None, typer.Option("--json-logs", help="Log JSON lines (for machines).")
     ] = None,
     swarm: Annotated[
-        str | None, typer.Option(help="Swarm name (its GossipSub topic: sapo/NAME/rollouts/v1).")
+        str | None, typer.Option(help="Swarm name (its GossipSub topic: sapo/NAME/rollouts/v2).")
     ] = None,
     listen: Annotated[
         list[str] | None,

@@ -325,7 +325,11 @@ class PoolSection(_Section):
         64, ge=1, le=1_000_000, description="Groups a peer may send at once before the rate."
     )
     max_age_s: float = Field(
-        3600.0, gt=0.0, le=30 * 86400.0, description="Groups older than this expire."
+        300.0,
+        gt=0.0,
+        le=30 * 86400.0,
+        description="Groups older than this (from their creation) are refused and expire: "
+        "rounds train on what peers made lately, not on what their policies were long ago.",
     )
     max_clock_skew_s: float = Field(
         300.0, ge=0.0, le=86400.0, description="How far in the future a group's time may be."
@@ -346,7 +350,7 @@ class NetSection(_Section):
     swarm: str = Field(
         "sapo-public",
         pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
-        description="Swarm name; its topic is sapo/<swarm>/rollouts/v1 (protocol/SPEC.md).",
+        description="Swarm name; its topic is sapo/<swarm>/rollouts/v2 (protocol/SPEC.md).",
     )
     listen: list[str] = Field(
         default_factory=lambda: ["/ip4/0.0.0.0/tcp/4141"],

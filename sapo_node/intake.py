@@ -13,7 +13,10 @@ In order, cheapest first, each step refusing with a counted reason (protocol/SPE
    only configs this node would use itself are regenerated;
 6. the task regenerated from its reference by this node, and its question compared with
    the text that came; an attached answer must be the task's own answer;
-7. every completion scored by this node's own verifier, in the sandbox worker.
+7. every completion scored by this node's own verifier, in the sandbox worker, as this
+   node will train it: ``prepare`` re-tokenises it with this node's tokenizer and cuts it
+   to this node's completion limit first, so a reward is never earned by text beyond
+   the tokens that are trained.
 
 A sender's answer, reward or advantage is never trusted. Custom-family tasks this node
 cannot regenerate are ignored unless ``pool.accept_unregenerable`` is set, in which case
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,8 +94,12 @@ class Intake:
         known_configs: Mapping[str, Collection[str]],
         accept_unregenerable: bool = False,
         max_clock_skew_s: float = 300.0,
+        prepare: Callable[[str, bool], str] | None = None,
     ) -> None:
+        """``prepare(text, finished)`` gives the text of a completion as this node would
+        train it (None: as it came, for a node that trains nothing)."""
         self.pool = pool
+        self.prepare = prepare
         self.scorer = scorer
         self.known_configs = {family: frozenset(c) for family, c in known_configs.items()}
         self.accept_unregenerable = accept_unregenerable
@@ -119,7 +126,12 @@ class Intake:
             task = self._task(msg)
         except _Refused as exc:
             return self._refuse(author, exc.reason, exc.detail)
-        rewards = tuple(r.reward for r in self.scorer.score(task, msg.completions))
+        texts = msg.completions
+        if self.prepare is not None:
+            texts = tuple(
+                self.prepare(c, f) for c, f in zip(msg.completions, msg.finished, strict=True)
+            )
+        rewards = tuple(r.reward for r in self.scorer.score(task, texts))
         item = PooledGroup(msg, author, rewards, now)
         try:
             self.pool.add(item, data, digest)

@@ -74,12 +74,16 @@ class DataDirInUse(RuntimeError):
 
 @dataclass
 class Group:
-    """One task with its completions and this node's rewards for them."""
+    """One task with its completions (as this node trains them) and this node's rewards.
+
+    ``finished[i]``: completion ``i`` ended with the model's end of turn, not at a limit.
+    """
 
     task: Task
     prompt_ids: list[int]
     completion_ids: list[list[int]]
     texts: list[str]
+    finished: list[bool]
     rewards: list[float] = field(default_factory=list)
     origin: str = "local"
 
@@ -89,7 +93,22 @@ class Group:
         return len(set(self.rewards)) > 1
 
 
-def training_samples(groups: Sequence[Group], scale: str) -> list[Sample]:
+@dataclass(frozen=True)
+class TrainingSet:
+    """A round's GRPO samples and the size of the whole batch they come from.
+
+    Groups without signal have zero advantage and are not passed to the trainer (they
+    would cost a forward and backward pass for no gradient), but the loss is normalised
+    over the whole round's batch, all I + J groups, as GRPO implementations do: a step's
+    scale must not depend on how many groups happened to carry signal.
+    """
+
+    samples: list[Sample]
+    batch_rows: int
+    batch_tokens: int
+
+
+def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
     """GRPO samples of every group with signal, with group-normalised advantages."""
     samples = []
     for g in groups:
@@ -100,7 +119,11 @@ def training_samples(groups: Sequence[Group], scale: str) -> list[Sample]:
         samples += [
             Sample(g.prompt_ids, ids, a) for ids, a in zip(g.completion_ids, adv, strict=True)
         ]
-    return samples
+    return TrainingSet(
+        samples,
+        batch_rows=sum(len(g.completion_ids) for g in groups),
+        batch_tokens=sum(len(ids) for g in groups for ids in g.completion_ids),
+    )
 
 
 class Timer:
@@ -163,6 +186,7 @@ class Node:
             known_configs=self.curriculum.known_configs(),
             accept_unregenerable=config.pool.accept_unregenerable,
             max_clock_skew_s=config.pool.max_clock_skew_s,
+            prepare=lambda text, finished: self._prepare(text, finished).text,
         )
         self.transport = transport
         self._net_before = NetStats()
@@ -189,14 +213,20 @@ class Node:
             published = self._share(local, r)
             groups = local + [self._as_group(p) for p in external]
             with timer("train"):
-                samples = training_samples(groups, s.advantage_scale)
-                stats = self.trainer.step(samples, should_stop=self.stop.is_set)
+                batch = training_set(groups, s.advantage_scale)
+                stats = self.trainer.step(
+                    batch.samples,
+                    should_stop=self.stop.is_set,
+                    batch_rows=batch.batch_rows,
+                    batch_tokens=batch.batch_tokens,
+                )
             if stats is None:
                 raise Stopped
             moves: Counter[str] = Counter()
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
         record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
+        record.update(_age_record(external, self.pool.clock()))
         record.update(self._net_record(published, inbound))
         return record
 
@@ -270,8 +300,9 @@ class Node:
         )
         if self.stop.is_set():
             raise Stopped
+        eos = set(self.policy.eos_ids)
         groups = [
-            Group(task, prompt, ids, texts)
+            Group(task, prompt, ids, texts, [bool(c) and c[-1] in eos for c in ids])
             for task, prompt, ids, texts in zip(tasks, prompts, out.ids, out.texts, strict=True)
         ]
         return groups, out.new_tokens
@@ -307,11 +338,15 @@ class Node:
         for g in groups:
             if choice == "signal" and not g.has_signal:
                 continue
+            texts = tuple(wire.clip_utf8(t, wire.MAX_COMPLETION_BYTES) for t in g.texts)
             message = wire.RolloutGroup(
                 ref=g.task.ref,
                 generator=generator_of(g.task.ref.family),
                 question=g.task.question,
-                completions=tuple(wire.clip_utf8(t, wire.MAX_COMPLETION_BYTES) for t in g.texts),
+                completions=texts,
+                finished=tuple(
+                    f and t == full for f, t, full in zip(g.finished, texts, g.texts, strict=True)
+                ),
                 model=wire.clip_utf8(self._model_label(), wire.MAX_MODEL_BYTES),
                 round=r,
                 created_ms=created_ms,
@@ -349,19 +384,27 @@ class Node:
         name = self.config.model.name
         return Path(name).name if Path(name).is_dir() else name
 
+    def _prepare(self, text: str, finished: bool):
+        """A peer's completion as this node trains it (the intake scores its text)."""
+        return self.policy.encode_completion(text, finished, self.config.generation.max_new_tokens)
+
     def _as_group(self, pooled: PooledGroup) -> Group:
         """A peer's group in this node's own tokenizer and chat template (its question was
-        checked against our own regeneration when it arrived)."""
+        checked against our own regeneration when it arrived, and its completions were
+        scored exactly as prepared here)."""
         t = self.config.tasks
         task = Task(pooled.group.ref, pooled.group.question, None)
         prompt = self.policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
-        limit = self.config.generation.max_new_tokens
-        ids = [self.policy.encode_completion(c)[:limit] for c in pooled.group.completions]
+        done = [
+            self._prepare(c, f)
+            for c, f in zip(pooled.group.completions, pooled.group.finished, strict=True)
+        ]
         return Group(
             task,
             prompt,
-            ids,
-            list(pooled.group.completions),
+            [c.ids for c in done],
+            [c.text for c in done],
+            [c.finished for c in done],
             list(pooled.rewards),
             origin=pooled.author,
         )
@@ -477,6 +520,15 @@ def _is_out_of_memory(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return "out of memory" in text or "can't allocate memory" in text
+
+
+def _age_record(external: Sequence[PooledGroup], now: float) -> dict[str, float]:
+    """How old the peers' groups this round trained on were, from their creation (the
+    author's clock, within the allowed skew) to now; nothing when there were none."""
+    if not external:
+        return {}
+    ages = [max(0.0, now - p.group.created_ms / 1000.0) for p in external]
+    return {"external_age_s": _mean(ages), "external_age_s_max": max(ages)}
 
 
 def _mean(values: Sequence[float]) -> float:

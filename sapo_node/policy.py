@@ -156,6 +156,9 @@ def load_policy(
     if tokenizer.chat_template is None:
         raise ModelLoadError(f"model {name!r} has no chat template; use an instruct model")
     eos_ids = _eos_ids(model, tokenizer)
+    end_id = end_of_turn_id(tokenizer, eos_ids)
+    if end_id not in eos_ids:  # the turn's end token also ends generation
+        eos_ids.insert(0, end_id)
     # Sampling is exactly what the config says: the model's own defaults (a repetition
     # penalty, top-k) would make the behaviour policy differ from the policy trained.
     model.generation_config = GenerationConfig(
@@ -178,7 +181,18 @@ def load_policy(
                 task_type="CAUSAL_LM",
             ),
         )
-    return Policy(model, tokenizer, dev, compute, name, eos_ids)
+    return Policy(model, tokenizer, dev, compute, name, eos_ids, end_id)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A completion as this node trains it: its tokens (closed by the end-of-turn token
+    only if it finished within the limit) and the text those tokens say, which is what
+    the verifier scores."""
+
+    ids: list[int]
+    text: str
+    finished: bool
 
 
 @dataclass
@@ -201,6 +215,7 @@ class Policy:
         dtype: torch.dtype,
         name: str,
         eos_ids: list[int],
+        end_id: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -208,6 +223,7 @@ class Policy:
         self.dtype = dtype
         self.name = name
         self.eos_ids = eos_ids
+        self.end_id = eos_ids[0] if end_id is None else end_id
         self._reference = None
 
     @property
@@ -228,10 +244,22 @@ class Policy:
             ids = ids["input_ids"]
         return list(ids)
 
-    def encode_completion(self, text: str) -> list[int]:
-        """Re-tokenise a completion written by someone else, closed with our EOS."""
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return list(ids) + [self.eos_ids[0]]
+    def encode_completion(self, text: str, finished: bool, limit: int) -> Completion:
+        """A completion written by someone else, as this node would train it.
+
+        The text is re-tokenised as plain text (a literal ``<|im_end|>`` in it stays text:
+        a peer cannot smuggle special tokens in), cut to ``limit`` tokens, and closed with
+        this model's end-of-turn token only if it finished and the token still fits. The
+        returned text is the decoding of the kept tokens: score that, not the original,
+        so that what earns the reward is what is trained.
+        """
+        ids = list(
+            self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        )
+        if finished and len(ids) < limit:
+            return Completion(ids + [self.end_id], self.decode(ids), True)
+        kept = ids[:limit]
+        return Completion(kept, self.decode(kept), False)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -351,6 +379,24 @@ class _StopFlag(StoppingCriteria):
         return torch.full(
             (input_ids.shape[0],), self.flag(), dtype=torch.bool, device=input_ids.device
         )
+
+
+def end_of_turn_id(tokenizer, eos_ids: Sequence[int]) -> int:
+    """The token the chat template puts right after an assistant's turn (``<|im_end|>``,
+    ``<|eot_id|>``...), which is not always the tokenizer's EOS; else the first EOS."""
+    marker = "\u2063sapo\u2063"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}],
+            tokenize=False,
+        )
+    except Exception:  # templates are user code; any failure means "no answer here"
+        return eos_ids[0]
+    tail = text.split(marker, 1)[1] if marker in text else ""
+    ids = tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []
+    if ids and ids[0] in tokenizer.all_special_ids:
+        return int(ids[0])
+    return eos_ids[0]
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

@@ -11,7 +11,14 @@ task, compared the question and scored every completion with its own verifier
   before any costly check runs;
 - free of duplicates: the digest of (author, task, completions) is remembered for
   ``max_age_s`` after the group was seen, even once the group was used or evicted;
-- fresh: groups older than ``max_age_s`` expire;
+- fresh: groups older than ``max_age_s`` (300 s by default) are refused and expire. The
+  paper trains each round on the rollouts peers made in the current rounds; a pool that
+  draws uniformly over an hour of arrivals trains on groups tens of rounds old (a
+  simulation with 7 peers publishing 4 groups a round and J = 4 drew groups ~60 rounds
+  old on average). An age bound in seconds, rather than in rounds, is what a receiver can
+  enforce without trusting anyone: peers' rounds have different lengths, and a round
+  number is the sender's word. Within the bound, draws stay uniform (no author or moment
+  is favoured); the age of what each round trains on is a metric (``external_age_s``);
 - persistent: one SQLite file in the data directory, so a restart keeps it;
 - accountable: per author, how many groups were accepted and rejected, by reason.
 
@@ -232,7 +239,7 @@ class Pool:
         max_per_author: int = 512,
         rate_per_author: float = 2.0,
         burst_per_author: int = 64,
-        max_age_s: float = 3600.0,
+        max_age_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if sampling not in POLICIES:

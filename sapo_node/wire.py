@@ -20,7 +20,7 @@ import msgpack
 
 from sapo_node.tasks import TaskRef, canonical_json
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MODALITY_TEXT = "text"
 
 # Size limits, in bytes of UTF-8 unless said otherwise (protocol/SPEC.md, "Limits").
@@ -62,7 +62,7 @@ BAD_VALUE = "bad_value"
 # peer sends them in good faith. The message is dropped, not forwarded, not penalised.
 IGNORED = frozenset({UNSUPPORTED_VERSION, UNSUPPORTED_MODALITY})
 
-# The fields of a version-1 text message and their MessagePack types, in encoding order.
+# The fields of a version-2 text message and their MessagePack types, in encoding order.
 FIELDS: dict[str, tuple[type, ...]] = {
     "version": (int,),
     "modality": (str,),
@@ -72,6 +72,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "answer": (str, type(None)),
     "metadata": (str, type(None)),
     "completions": (list,),
+    "finished": (list,),
     "model": (str,),
     "round": (int,),
     "created": (int,),
@@ -88,7 +89,7 @@ def topic(swarm: str) -> str:
     """The pubsub topic of a swarm's rollout groups, carrying the protocol's major version.
 
     >>> topic("demo")
-    'sapo/demo/rollouts/v1'
+    'sapo/demo/rollouts/v2'
     """
     if not SWARM_PATTERN.fullmatch(swarm):
         raise ValueError(
@@ -100,7 +101,13 @@ def topic(swarm: str) -> str:
 
 @dataclass(frozen=True)
 class RolloutGroup:
-    """One task and L completions of it, as text: what a node tells its peers."""
+    """One task and L completions of it, as text: what a node tells its peers.
+
+    ``finished[i]`` says whether completion ``i`` ended where its model ended the turn
+    (True) or was cut at the author's token or byte limit (False); a receiver closes only
+    finished completions with its own end-of-turn token. None means every completion
+    finished (a convenience for callers; the wire always carries the list).
+    """
 
     ref: TaskRef
     generator: str
@@ -111,8 +118,13 @@ class RolloutGroup:
     created_ms: int
     answer: str | None = None
     metadata: str | None = None
+    finished: tuple[bool, ...] | None = None
     modality: str = MODALITY_TEXT
     version: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        if self.finished is None:
+            object.__setattr__(self, "finished", (True,) * len(self.completions))
 
     def to_wire(self) -> dict[str, Any]:
         """The message as the plain map that is encoded, fields in spec order."""
@@ -130,6 +142,7 @@ class RolloutGroup:
             "answer": self.answer,
             "metadata": self.metadata,
             "completions": list(self.completions),
+            "finished": list(self.finished),
             "model": self.model,
             "round": self.round,
             "created": self.created_ms,
@@ -242,7 +255,9 @@ def _from_wire(raw: Any) -> RolloutGroup:
     if type(version) is not int:
         raise _Refused(WRONG_TYPE if "version" in msg else MISSING_FIELD, "version")
     if version != PROTOCOL_VERSION:
-        raise _Refused(UNSUPPORTED_VERSION, f"version {version}, this node speaks 1")
+        raise _Refused(
+            UNSUPPORTED_VERSION, f"version {version}, this node speaks {PROTOCOL_VERSION}"
+        )
     modality = msg.get("modality")
     if type(modality) is not str:
         raise _Refused(WRONG_TYPE if "modality" in msg else MISSING_FIELD, "modality")
@@ -279,6 +294,14 @@ def _from_wire(raw: Any) -> RolloutGroup:
         if type(c) is not str:
             raise _Refused(WRONG_TYPE, f"completions[{i}] is of type {_type_name(c)}, not str")
         _text(c, f"completions[{i}]", MAX_COMPLETION_BYTES)
+    finished = msg["finished"]
+    if len(finished) != len(completions):
+        raise _Refused(
+            BAD_COUNT, f"{len(finished)} finished flags for {len(completions)} completions"
+        )
+    for i, f in enumerate(finished):
+        if type(f) is not bool:
+            raise _Refused(WRONG_TYPE, f"finished[{i}] is of type {_type_name(f)}, not bool")
     return RolloutGroup(
         ref=TaskRef(family, config, seed, index),
         generator=generator,
@@ -289,6 +312,7 @@ def _from_wire(raw: Any) -> RolloutGroup:
         created_ms=_uint(msg["created"], "created"),
         answer=answer,
         metadata=metadata,
+        finished=tuple(finished),
     )
 
 

@@ -73,6 +73,7 @@ def rg_group(
     completions: list[str],
     *,
     round_: int,
+    finished: tuple[bool, ...] | None = None,
     created_ms: int = CREATED_MS,
     model: str = MODEL,
 ) -> RolloutGroup:
@@ -83,6 +84,7 @@ def rg_group(
         generator=generator_of(family),
         question=make_task(ref).question,
         completions=tuple(completions),
+        finished=finished,
         model=model,
         round=round_,
         created_ms=created_ms,
@@ -102,11 +104,11 @@ def size_limit_group(extra: int) -> RolloutGroup:
     base = rg_group("basic_arithmetic", ARITHMETIC, 9, 3, ["", ""], round_=40)
     full = [filler(f"Completion {i}. ", wire.MAX_COMPLETION_BYTES) for i in range(63)]
     last = 1000  # any length from 256 on keeps the str16 header, so sizes add up
-    probe = replace(base, completions=(*full, filler("Last. ", last)))
+    probe = replace(base, completions=(*full, filler("Last. ", last)), finished=None)
     size = len(msgpack.packb(probe.to_wire(), use_bin_type=True))
     last += wire.MAX_MESSAGE_BYTES + extra - size
     assert 256 <= last <= wire.MAX_COMPLETION_BYTES
-    return replace(base, completions=(*full, filler("Last. ", last)))
+    return replace(base, completions=(*full, filler("Last. ", last)), finished=None)
 
 
 def valid_vectors() -> list[Valid]:
@@ -126,6 +128,7 @@ def valid_vectors() -> list[Valid]:
         0,
         [f"Attempt {i}: <answer>{a}</answer>" for i, a in enumerate(answers)],
         round_=12,
+        finished=tuple(i % 5 != 4 for i in range(64)),
         created_ms=CREATED_MS + 1,
     )
     unicode = rg_group(
@@ -179,7 +182,12 @@ def valid_vectors() -> list[Valid]:
     )
     return [
         Valid("minimal", "A real basic_arithmetic task, 2 completions, no answer.", minimal),
-        Valid("completions_64", "The most completions a group may hold: 64.", many),
+        Valid(
+            "completions_64",
+            "The most completions a group may hold: 64; every fifth one was cut at the "
+            "author's limit (finished false).",
+            many,
+        ),
         Valid(
             "unicode",
             "Non-BMP emoji, a ZWJ sequence, a flag, combining and precomposed accents, CJK, "
@@ -379,17 +387,23 @@ def invalid_vectors(minimal: RolloutGroup) -> list[Invalid]:
         ),
         # --- unsupported_version ----------------------------------------------------
         Invalid(
-            "unsupported_version_2",
-            "Version 2, otherwise the minimal vector.",
+            "unsupported_version_3",
+            "Version 3, otherwise the minimal vector.",
             wire.UNSUPPORTED_VERSION,
-            message=edit(base, "version", 2),
+            message=edit(base, "version", 3),
         ),
         Invalid(
-            "unsupported_version_2_new_shape",
-            "Version 2 with fields this version does not know and without most of its own: "
+            "unsupported_version_1",
+            "A version-1 message (sapo-node 0.1: no finished flags), otherwise the minimal vector.",
+            wire.UNSUPPORTED_VERSION,
+            message=edit(edit(base, "finished", DELETE), "version", 1),
+        ),
+        Invalid(
+            "unsupported_version_3_new_shape",
+            "Version 3 with fields this version does not know and without most of its own: "
             "refused for its version, before any other check.",
             wire.UNSUPPORTED_VERSION,
-            message={"version": 2, "modality": "text", "payload": {"groups": []}},
+            message={"version": 3, "modality": "text", "payload": {"groups": []}},
         ),
         Invalid(
             "unsupported_version_0",
@@ -435,6 +449,12 @@ def invalid_vectors(minimal: RolloutGroup) -> list[Invalid]:
             "No 'completions'.",
             wire.MISSING_FIELD,
             message=edit(base, "completions", DELETE),
+        ),
+        Invalid(
+            "missing_field_finished",
+            "No 'finished' (a version-1 message on a version-2 topic would look so).",
+            wire.MISSING_FIELD,
+            message=edit(base, "finished", DELETE),
         ),
         Invalid(
             "missing_field_version",
@@ -500,6 +520,18 @@ def invalid_vectors(minimal: RolloutGroup) -> list[Invalid]:
             "A completion is nil.",
             wire.WRONG_TYPE,
             message=edit(base, "completions", ["<answer>15</answer>", None]),
+        ),
+        Invalid(
+            "wrong_type_finished_int",
+            "A finished flag is the integer 1, not a boolean.",
+            wire.WRONG_TYPE,
+            message=edit(base, "finished", [True, 1]),
+        ),
+        Invalid(
+            "wrong_type_finished_map",
+            "finished is a map instead of an array.",
+            wire.WRONG_TYPE,
+            message=edit(base, "finished", {"0": True}),
         ),
         Invalid(
             "wrong_type_metadata_map",
@@ -580,6 +612,12 @@ def invalid_vectors(minimal: RolloutGroup) -> list[Invalid]:
             "65 completions (at most 64).",
             wire.BAD_COUNT,
             message=edit(base, "completions", [f"<answer>{i}</answer>" for i in range(65)]),
+        ),
+        Invalid(
+            "bad_count_finished_3",
+            "Three finished flags for two completions.",
+            wire.BAD_COUNT,
+            message=edit(base, "finished", [True, True, False]),
         ),
         # --- bad_value ------------------------------------------------------------------
         Invalid(

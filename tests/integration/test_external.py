@@ -242,3 +242,45 @@ def test_publish_choice_signal_shares_only_groups_with_signal(
     shared = [wire.decode(m.data) for m in listener.received()]
     assert record["groups_published"] == len(shared) <= 4
     assert all(len(set(g.completions)) > 1 for g in shared)  # equal texts score equal
+
+
+def test_a_peer_reward_is_earned_only_by_the_text_that_is_trained(receiver: Node) -> None:
+    # The receiver trains 6 tokens (one character each in the tiny tokenizer): sevens
+    # beyond them must not earn a reward that the first six characters then collect.
+    padded = _shared(20, ("abcdef" + "7" * 50, "777", "ab7", "xyz"))
+    verdict = receiver.receive(wire.encode(padded), "peer-a")
+    assert verdict.outcome == "accepted"
+    assert verdict.item.rewards == (0.0, 1.0, pytest.approx(1 / 3), 0.0)
+    group = receiver._as_group(verdict.item)
+    assert group.texts[0] == "abcdef" and len(group.completion_ids[0]) == 6
+    assert not group.finished[0]  # cut here: no end token
+
+
+def test_only_finished_peer_completions_end_with_the_end_token(receiver: Node) -> None:
+    shared = dataclasses.replace(
+        _shared(21, ("77", "7a", "ab", "a7")), finished=(True, False, True, False)
+    )
+    verdict = receiver.receive(wire.encode(shared), "peer-a")
+    group = receiver._as_group(verdict.item)
+    end = receiver.policy.end_id
+    assert [ids[-1] == end for ids in group.completion_ids] == [True, False, True, False]
+    assert group.finished == [True, False, True, False]
+
+
+def test_a_round_records_the_age_of_the_external_groups_it_trained_on(receiver: Node) -> None:
+    old = dataclasses.replace(
+        _shared(22, ("777", "x", "y", "z")), created_ms=int(time.time() * 1000) - 120_000
+    )
+    assert _send(receiver, old) == "accepted"
+    record = receiver.run_round(0)
+    assert record["external_groups"] == 1
+    assert 119 <= record["external_age_s"] <= record["external_age_s_max"] < 200
+
+
+def test_groups_older_than_the_pool_keeps_are_refused(receiver: Node) -> None:
+    stale = dataclasses.replace(
+        _shared(23, ("777", "x", "y", "z")),
+        created_ms=int((time.time() - receiver.pool.max_age_s - 5) * 1000),
+    )
+    assert receiver.pool.max_age_s == 300.0  # the default: fresh over stale
+    assert _send(receiver, stale) == "expired"

@@ -57,7 +57,7 @@ TABLE: list[tuple[str, Callable[[], bytes], str, str]] = [
     ("malformed MessagePack", lambda: b"\xc1\x93\x01", "rejected", "malformed"),
     ("truncated message", lambda: wire.encode(group())[:-3], "rejected", "malformed"),
     ("not a map", lambda: msgpack.packb([1, 2, 3]), "rejected", "not_a_map"),
-    ("wrong version", lambda: packed(version=2), "ignored", "unsupported_version"),
+    ("wrong version", lambda: packed(version=3), "ignored", "unsupported_version"),
     ("unknown modality", lambda: packed(modality="image"), "ignored", "unsupported_modality"),
     ("unknown field", lambda: packed(reward=[1.0, 1.0]), "rejected", "unknown_field"),
     ("wrong type", lambda: packed(round="3"), "rejected", "wrong_type"),

@@ -424,7 +424,7 @@ def test_copies_of_a_message_of_another_version_cost_no_relay(swarm):
     wait_until(rogue_said(relay_log, "mesh"), 60, "the relay in the mesh")
     m = 10
     args = ["--dial", h2.addrs[0], "--dial", relay_addr, "--count", str(m)]
-    args += ["--vector", "unsupported_version_2", "--interval", "0", "--pause", "0"]
+    args += ["--vector", "unsupported_version_3", "--interval", "0", "--pause", "0"]
     log, _ = swarm.rogue("invalid", h1, *args, "--linger", "60")
     wait_until(rogue_said(log, "done"), 60, f"the author publishes; its log:\n{log.read_text()}")
 

@@ -68,6 +68,7 @@ def group_of(message: dict[str, Any]) -> RolloutGroup:
         generator=message["generator"],
         question=message["question"],
         completions=tuple(message["completions"]),
+        finished=tuple(message["finished"]),
         model=message["model"],
         round=message["round"],
         created_ms=message["created"],
@@ -456,7 +457,7 @@ def test_hostile_structures_are_refused_quickly(data: bytes) -> None:
         {"completions": ("text", b"bytes")},
         {"metadata": "[]"},
         {"ref": TaskRef("basic_arithmetic", '{"a": 1}', 0, 0)},
-        {"version": 2},
+        {"version": 3},
     ],
     ids=lambda c: next(iter(c)),
 )
@@ -475,10 +476,10 @@ def test_rejection_compares_by_reason_and_knows_what_is_ignored() -> None:
 @pytest.mark.parametrize(
     ("swarm", "expected"),
     [
-        ("demo", "sapo/demo/rollouts/v1"),
-        ("a", "sapo/a/rollouts/v1"),
-        ("0-swarm-9", "sapo/0-swarm-9/rollouts/v1"),
-        ("x" * 63, f"sapo/{'x' * 63}/rollouts/v1"),
+        ("demo", "sapo/demo/rollouts/v2"),
+        ("a", "sapo/a/rollouts/v2"),
+        ("0-swarm-9", "sapo/0-swarm-9/rollouts/v2"),
+        ("x" * 63, f"sapo/{'x' * 63}/rollouts/v2"),
     ],
 )
 def test_topic(swarm: str, expected: str) -> None:
