@@ -17,7 +17,9 @@ instead), bigger outbound queues and backpressure, a raised inbound limit with t
 message cap in the validator, a 1 s heartbeat without adaptive gossip, sequence numbers
 from nanoseconds, bounded equivocation memory, services started before the host listens,
 periodic re-dial, our own port check, Noise only, announce addresses, the default
-message id, and discovery through the DHT.
+message id, and discovery through the DHT. Where the library forgets a peer in pieces (a
+ban, a disconnect after one), ``SwarmPubsub.forget_peer`` forgets it everywhere at once,
+and ``stats`` reports any per-peer state still held for a peer that is gone.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import socket
 import sys
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -127,6 +130,13 @@ class SwarmGossipSub(GossipSub):
         super().__init__(*args, **kwargs)
         self.equivocation_detection = OrderedDict()
 
+    async def handle_rpc(self, rpc: Any, sender_peer_id: ID) -> None:
+        """A banned peer's control messages (a GRAFT, say) are not taken: they would put
+        it back in the mesh, on a stream still open until its connection closes."""
+        if self.pubsub is not None and self.pubsub.is_peer_blacklisted(sender_peer_id):
+            return
+        await super().handle_rpc(rpc, sender_peer_id)
+
     def _check_equivocation(self, msg: Any) -> bool:
         """As the library's, but remembers a digest of the last EQUIVOCATION_MEMORY
         messages instead of every whole message forever (trap 8)."""
@@ -140,8 +150,10 @@ class SwarmGossipSub(GossipSub):
             return True
         if seen != digest:
             log.warning("equivocation: one seqno, two messages", author=ID(msg.from_id).pretty())
-            if self.scorer is not None:
-                self.scorer.penalize_equivocation(ID(msg.from_id), 100.0)
+            author = ID(msg.from_id)
+            # a score only for a peer: one kept for an author elsewhere is never forgotten
+            if self.scorer is not None and self.pubsub is not None and author in self.pubsub.peers:
+                self.scorer.penalize_equivocation(author, 100.0)
             return False
         return True
 
@@ -157,6 +169,126 @@ class SwarmPubsub(Pubsub):
         # trap 7: seconds-based seqnos collide after a quick restart; nanoseconds do not
         self.counter = time.time_ns()
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+        # The network loop's own per-peer maps, forgotten with the library's state.
+        self.own_peer_maps: list[dict[ID, Any]] = []
+
+    # --- forgetting a peer -------------------------------------------------------------
+    #
+    # py-libp2p 0.8.1 forgets a peer in pieces. A ban (``add_to_blacklist``) drops the
+    # peer's stream and subscriptions but keeps its outbound queue, its place in the mesh
+    # and fanout and the router's state (protocol, IDONTWANT, scores): GossipSub went on
+    # queueing an IDONTWANT for every message to it, and nothing drained the queue. When
+    # the peer then disconnects, ``_handle_dead_peer`` returns early for a peer without a
+    # stream, so that state stayed for good; at half the queue full, backpressure held
+    # every own publish 10 s, and own publishing stopped (issue 11). So a ban and a
+    # disconnect both end in ``forget_peer``.
+
+    def forget_peer(self, peer: ID) -> Any:
+        """Drop everything this pubsub, its router, the scorer and the network loop keep
+        about ``peer`` (a ban is kept apart, in the blacklist). Returns the peer's outbound
+        stream, if it had one, for the caller to reset."""
+        stream = self.peers.pop(peer, None)
+        queue = self.peer_queues.pop(peer, None)
+        if queue is not None:
+            queue.close()  # its sending task exits; what it held is dropped
+        self._clear_pending_announce_retries_for_peer(peer)
+        self._forget_all_subscriptions(peer)
+        self._peer_added_events.pop(peer, None)
+        for key in [k for k in self._subscription_events if k[0] == peer]:
+            del self._subscription_events[key]
+        # mesh, fanout, protocol, IDONTWANT, scores, IWANT/IHAVE/GRAFT limits, pending
+        # messages and control, extensions, topic observation
+        self.router.remove_peer(peer)
+        for peers in self.router.back_off.values():
+            peers.pop(peer, None)
+        for own in self.own_peer_maps:
+            own.pop(peer, None)
+        return stream
+
+    def _peer_places(self) -> Iterator[tuple[str, Iterable[ID]]]:
+        """Each per-peer structure, by name, with the peers it holds."""
+        router, scorer = self.router, self.router.scorer
+        yield "peer_queues", self.peer_queues
+        yield "peer_topics", {p for peers in self.peer_topics.values() for p in peers}
+        yield "subscription_count", self._peer_subscription_count
+        yield "replayed_topics", self._replayed_recent_topics
+        yield "announce_retries", {key[0] for key in self._pending_announce_retries}
+        yield "subscription_events", {key[0] for key in self._subscription_events}
+        yield "mesh", {p for peers in router.mesh.values() for p in peers}
+        yield "fanout", {p for peers in router.fanout.values() for p in peers}
+        yield "back_off", {p for peers in router.back_off.values() for p in peers}
+        yield "peer_protocol", router.peer_protocol
+        yield "idontwant", router.dont_send_message_ids
+        yield "pending_messages", router._pending_messages
+        yield "pending_control", router._pending_control
+        yield (
+            "gossip_limits",
+            {
+                *router.iwant_request_limits,
+                *router.ihave_message_limits,
+                *router.graft_flood_tracking,
+            },
+        )
+        if scorer is not None:
+            yield (
+                "score",
+                {
+                    *scorer.time_in_mesh,
+                    *scorer.first_message_deliveries,
+                    *scorer.mesh_message_deliveries,
+                    *scorer.invalid_messages,
+                    *scorer.behavior_penalty,
+                    *scorer.app_specific_scores,
+                    *scorer.ip_by_peer,
+                    *scorer.graft_flood_penalties,
+                    *scorer.iwant_spam_penalties,
+                    *scorer.ihave_spam_penalties,
+                    *scorer.equivocation_penalties,
+                },
+            )
+        yield "own", {p for own in self.own_peer_maps for p in own}
+
+    def stale_state(self, live: set[ID]) -> dict[ID, list[str]]:
+        """Per-peer state held for peers not in ``live`` (each with where it is held):
+        empty unless a path forgot a peer only in part."""
+        held: defaultdict[ID, list[str]] = defaultdict(list)
+        for name, peers in self._peer_places():
+            for peer in peers:
+                if peer not in live:
+                    held[peer].append(name)
+        return dict(held)
+
+    async def _teardown_if_connected(self, peer_id: ID) -> None:
+        """A ban (``add_to_blacklist`` runs this): the peer is forgotten entirely, not
+        only its stream and subscriptions."""
+        stream = self.forget_peer(peer_id)
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                await stream.reset()
+
+    def _handle_dead_peer(self, peer_id: ID) -> None:
+        """The library's, then the rest: a peer that is gone, or banned, is forgotten
+        entirely (the library returns early for a peer whose stream a ban took)."""
+        super()._handle_dead_peer(peer_id)
+        if peer_id not in self.peers and (
+            self.is_peer_blacklisted(peer_id) or not self._peer_is_connected(peer_id)
+        ):
+            self.forget_peer(peer_id)
+
+    def handle_subscription(self, origin_id: ID, sub_message: Any) -> None:
+        """Nor a banned peer's subscriptions (as ``handle_rpc`` above)."""
+        if not self.is_peer_blacklisted(origin_id):
+            super().handle_subscription(origin_id, sub_message)
+
+    def live_queues(self) -> list[Any]:
+        """The outbound queues of peers with a pubsub stream, connected, not banned."""
+        return [
+            queue
+            for peer, queue in self.peer_queues.items()
+            if peer in self.peers
+            and not self.is_peer_blacklisted(peer)
+            and self._peer_is_connected(peer)
+        ]
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         """trap 2: one writer at a time per stream (queue and replay interleaved frames)."""
@@ -168,7 +300,14 @@ class SwarmPubsub(Pubsub):
         return ok
 
     async def stream_handler(self, stream: Any) -> None:
-        """trap 1: a malformed frame resets that peer's stream, never the whole host."""
+        """trap 1: a malformed frame resets that peer's stream, never the whole host.
+
+        A banned peer's new stream is reset unread: the library would take its
+        subscriptions and GRAFTs, and hold state for it again."""
+        if self.is_peer_blacklisted(stream.muxed_conn.peer_id):
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            return
         try:
             await super().stream_handler(stream)
         except Exception as exc:
@@ -178,8 +317,10 @@ class SwarmPubsub(Pubsub):
             with contextlib.suppress(Exception):
                 await stream.reset()
             self._handle_dead_peer(peer)
-            # after: forgetting the dead peer forgets its score too
-            if self.router.scorer is not None:
+            # after: forgetting the dead peer forgets its score too. A peer that is gone
+            # keeps no score (nothing would ever forget it); one still connected opens
+            # its stream again, penalised.
+            if self.router.scorer is not None and self._peer_is_connected(peer):
                 self.router.scorer.penalize_behavior(peer, 1.0)
 
     async def push_msg(self, msg_forwarder: Any, msg: Any) -> None:
@@ -366,6 +507,7 @@ class Network:
         self.banned: OrderedDict[ID, float] = OrderedDict()
         self.backoff: dict[ID, tuple[float, float]] = {}  # peer -> (next try, delay)
         self.no_pubsub_since: dict[ID, float] = {}
+        self.pubsub.own_peer_maps.append(self.no_pubsub_since)
 
     # --- the validator ---------------------------------------------------------------
 
@@ -454,16 +596,22 @@ class Network:
                 await self.pubsub.publish(self.topic, frame[1])
                 COUNTERS.published += 1
             elif frame[0] == "penalise":
+                # Only a peer with a pubsub stream: a score is forgotten with the peer, and
+                # one kept for an author who is not a peer would never be.
                 with contextlib.suppress(Exception):
-                    self.scorer.on_invalid_message(ID.from_base58(frame[1]), self.topic)
+                    author = ID.from_base58(frame[1])
+                    if author in self.pubsub.peers:
+                        self.scorer.on_invalid_message(author, self.topic)
 
     async def _backpressure(self) -> None:
-        """trap 4: wait (bounded) until every peer's outbound queue has room, so that a
-        publish is queued for every peer instead of dropped for some."""
+        """trap 4: wait (bounded) until every live peer's outbound queue has room, so
+        that a publish is queued for every peer instead of dropped for some. Only peers
+        with a stream, connected and not banned count: a queue nobody drains would hold
+        every publish the whole wait."""
         deadline = trio.current_time() + BACKPRESSURE_WAIT_S
         limit = int(OUTBOUND_QUEUE * BACKPRESSURE_FILL)
         while trio.current_time() < deadline:
-            if all(len(q) < limit for q in self.pubsub.peer_queues.values()):
+            if all(len(q) < limit for q in self.pubsub.live_queues()):
                 return
             COUNTERS.backpressure_waits += 1
             await trio.sleep(0.02)
@@ -480,12 +628,17 @@ class Network:
 
     async def _report(self) -> None:
         while True:
-            self._ban_low_scores()
+            for peer in self._ban_low_scores():
+                # The library resets only the pubsub stream it opened: close the whole
+                # connection, so the peer's own stream to us goes too.
+                with trio.move_on_after(DIAL_TIMEOUT_S), contextlib.suppress(Exception):
+                    await self.host.disconnect(peer)
             await self.out.send(["stats", self.stats()])
             await trio.sleep(1.0)
 
     def stats(self) -> dict[str, Any]:
         topic_peers = self.pubsub.peer_topics.get(self.topic, set())
+        live = {self.me, *self.pubsub.peers, *self.host.get_connected_peers()}
         return {
             "peers": len(topic_peers),
             "connected": len(self.host.get_connected_peers()),
@@ -504,25 +657,40 @@ class Network:
                 for p in topic_peers
                 if (score := self.scorer.score(p, [self.topic])) < 0
             },
+            # where state is held for peers neither connected nor in pubsub: a leak
+            "stale_state": {p.pretty(): v for p, v in self.pubsub.stale_state(live).items()},
         }
 
-    def _ban_low_scores(self) -> None:
-        """A peer below the graylist threshold is disconnected from pubsub and its
-        messages (as forwarder or author) dropped for BAN_S; the library's own score is
-        forgotten when the peer reconnects, the ban is not."""
+    def _ban_low_scores(self) -> list[ID]:
+        """A peer below the graylist threshold is banned for BAN_S: forgotten at once
+        (``SwarmPubsub.forget_peer``: stream, queue, mesh, router state, score), its
+        messages (as forwarder or author) dropped, its new streams reset, and not
+        dialled. The peers banned now are returned, for the caller to disconnect.
+
+        A banned peer can make the node hold nothing new (its RPCs and streams are
+        refused), and it is forgotten again when it disconnects; when its ban ends (or is
+        evicted beyond MAX_BANNED) it is forgotten once more, which then finds nothing.
+        A restarted network process starts with no state, and no bans, at all."""
         now = time.monotonic()
         threshold = self.scorer.params.graylist_threshold
+        new = []
         for peer in list(self.pubsub.peer_topics.get(self.topic, ())):
             if peer not in self.banned and self.scorer.score(peer, [self.topic]) < threshold:
                 self.banned[peer] = now + BAN_S
-                self.pubsub.add_to_blacklist(peer)
+                self.pubsub.add_to_blacklist(peer)  # forgets it (_teardown_if_connected)
+                new.append(peer)
                 log.warning("peer banned for invalid messages", peer=peer.pretty(), seconds=BAN_S)
         while len(self.banned) > MAX_BANNED:
-            self.pubsub.remove_from_blacklist(self.banned.popitem(last=False)[0])
+            self._unban(self.banned.popitem(last=False)[0])
         for peer, until in list(self.banned.items()):
             if until <= now:
                 del self.banned[peer]
-                self.pubsub.remove_from_blacklist(peer)
+                self._unban(peer)
+        return new
+
+    def _unban(self, peer: ID) -> None:
+        self.pubsub.forget_peer(peer)  # while still banned: it has no pubsub stream
+        self.pubsub.remove_from_blacklist(peer)
 
     async def _discover(self) -> None:
         """trap 10 / 15: re-dial bootstrap peers, announce the swarm in the DHT and dial

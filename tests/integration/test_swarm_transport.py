@@ -343,6 +343,95 @@ def test_a_peer_publishing_invalid_groups_is_penalised_then_banned(swarm):
     assert alive(victim) and alive(honest)
 
 
+def ban_and_drop_a_rogue(swarm: Swarm, victim: Libp2pTransport, honest: int) -> str:
+    """A meshsub 1.2 rogue peer joins ``victim``'s mesh, sends invalid messages until it is
+    banned, then dies (SIGKILL); returns its peer id once ``victim`` is connected to its
+    ``honest`` peers only."""
+    args = ["--protocol", "/meshsub/1.2.0", "--count", "10", "--interval", "0.2"]
+    log, n = swarm.rogue("invalid", victim, *args, "--linger", "60")
+    rogue_id = rogue_line(log, "peer_id")
+    wait_until(
+        lambda: rogue_id in victim.child_stats.get("banned", []),
+        60,
+        f"the rogue peer banned; its log:\n{log.read_text()}",
+    )
+    swarm.rogues[n].kill()
+    swarm.rogues[n].wait(10)
+    wait_until(
+        lambda: victim.child_stats.get("connected") == honest,
+        30,
+        "the victim connected to its honest peers only",
+    )
+    return rogue_id
+
+
+@pytest.mark.timeout(150)
+def test_a_banned_peer_that_left_does_not_silence_the_nodes_own_publishing(swarm):
+    """Issue 11: py-libp2p 0.8.1 kept a banned peer's outbound queue, mesh place and
+    router state, and never dropped them when the peer disconnected. GossipSub queued an
+    IDONTWANT there for every message (the peer spoke meshsub 1.2) and nothing drained
+    it, so after 256 publishes (half the 512-RPC queue) backpressure held each own
+    publish its full 10 s: own publishing stopped, silently.
+
+    The victim publishes 300 groups after the ban, which would put 300 RPCs (one
+    IDONTWANT each) on that queue, and every one must reach the honest peer at the
+    node's own pace. The wedge depends on how many RPCs are queued, never on how fast
+    (no one drains that queue at any rate), so the pace is the per-author rate the
+    network process already takes from the pool config, raised to 50/s on both nodes
+    (the honest peer accepts the victim at that rate too): 300 groups take ~5 s instead
+    of ~2.5 min at the default 2/s. Publishing is paced to that rate, so the transport's
+    own queue never overflows; before the fix, ~44 groups short at the deadline."""
+    fast = PoolSection(rate_per_author=50.0, burst_per_author=64)
+    victim = swarm.start("victim", pool=fast)
+    honest = swarm.start("honest", to=victim, pool=fast)
+    wait_until(meshed(victim, honest), MESH_S, "victim and honest peer in one mesh")
+    ban_and_drop_a_rogue(swarm, victim, honest=1)
+
+    n = 300
+    started = time.monotonic()
+    for _ in range(n):
+        assert victim.publish(MINIMAL)
+        swarm.messages(honest)  # drained as they come: an inbox holds 64 per author
+        time.sleep(1 / fast.rate_per_author)
+    wait_until(
+        lambda: len(swarm.data_from(honest, victim)) == n,
+        n / fast.rate_per_author + 15,
+        f"all {n} groups at the honest peer (got {len(swarm.data_from(honest, victim))}, "
+        f"victim stats {victim.child_stats})",
+    )
+    assert time.monotonic() - started < n / fast.rate_per_author + 15
+    assert victim.stats().publish_dropped == 0
+    # as the network processes count them (they report every second)
+    wait_until(lambda: victim.child_stats["published"] == n, 5, "all published")
+    wait_until(lambda: honest.child_stats["received"] == n, 5, "all received")
+    assert alive(victim) and alive(honest)
+
+
+@pytest.mark.timeout(120)
+def test_a_banned_peer_that_disconnected_leaves_no_state_behind(swarm):
+    """After the ban and the disconnect, nothing but the ban itself is held for the
+    peer: no outbound queue, mesh or fanout place, router protocol, IDONTWANT, gossip
+    limits or score (the network process reports, every second, any per-peer state
+    held for a peer neither connected nor in pubsub)."""
+    victim = swarm.start("victim")
+    honest = swarm.start("honest", to=victim)
+    wait_until(meshed(victim, honest), MESH_S, "victim and honest peer in one mesh")
+    rogue_id = ban_and_drop_a_rogue(swarm, victim, honest=1)
+
+    for _ in range(3):  # three reports in a row, each after the disconnect
+        stats = victim.child_stats
+        assert rogue_id not in stats["stale_state"], stats["stale_state"][rogue_id]
+        assert stats["stale_state"] == {}, stats["stale_state"]
+        assert stats["mesh"] == 1 and stats["peers"] == 1, stats
+        assert rogue_id in stats["banned"] and rogue_id not in stats["scores"]
+        time.sleep(1.1)
+    # the honest peer is heard, and hears the victim
+    assert victim.publish(UNICODE) and honest.publish(MINIMAL)
+    wait_until(lambda: swarm.data_from(victim, honest) == [MINIMAL], MSG_S, "the honest peer")
+    wait_until(lambda: swarm.data_from(honest, victim) == [UNICODE], MSG_S, "the victim")
+    assert alive(victim) and alive(honest)
+
+
 def rogue_line(log: Path, word: str) -> str:
     """What the rogue peer printed after ``word`` (its peer id, its address)."""
     wait_until(rogue_said(log, f"{word} "), 60, f"the rogue peer says its {word}")

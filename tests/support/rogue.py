@@ -4,7 +4,7 @@ which would refuse to send what this sends). Tests run it as a subprocess:
     python -m tests.support.rogue garbage BOOTSTRAP_MULTIADDR TOPIC
     python -m tests.support.rogue invalid BOOTSTRAP_MULTIADDR TOPIC [--count N]
         [--valid M] [--interval S] [--pause S] [--linger S] [--dial MULTIADDR ...]
-        [--vector NAME ...]
+        [--vector NAME ...] [--protocol ID]
 
 - ``garbage``: opens pubsub streams to the peer and writes one frame that is not a
   protobuf RPC (``b"\\xff" * 64``), then, on a fresh stream, one that is a well-formed RPC
@@ -18,6 +18,8 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   small ``protocol/vectors/valid/*.msgpack``), then stays connected ``--linger`` s (a
   peer's score is forgotten when it disconnects). It relays, unchecked, what its mesh
   peers send: with ``--count 0 --valid 0`` it stands for a node of another version.
+  It speaks ``/meshsub/1.1.0`` unless ``--protocol`` names another (``/meshsub/1.2.0``:
+  its peers then send it an IDONTWANT for every message, as to one of their own).
 
 It listens on 127.0.0.1 only and prints one line per thing it does (``peer_id``,
 ``addr``, ``connected``, ``mesh``, ``sent ...``, ``done``), flushed, so a test can
@@ -115,7 +117,7 @@ async def garbage(bootstrap: str, topic: str) -> None:
 async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
     host = make_host()
     gossipsub = GossipSub(
-        protocols=[PROTOCOL],
+        protocols=[args.protocol],
         degree=6,
         degree_low=4,
         degree_high=12,
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--linger", type=float, default=60.0, help="seconds to stay after")
     parser.add_argument("--dial", action="append", default=[], help="a further peer to join")
     parser.add_argument("--vector", action="append", help="an invalid vector's name to send")
+    parser.add_argument("--protocol", default=PROTOCOL, help="the meshsub version it speaks")
     args = parser.parse_args(argv)
     if not all(a.startswith("/ip4/127.0.0.1/") for a in [args.bootstrap, *args.dial]):
         parser.error("the rogue peer dials loopback only")
