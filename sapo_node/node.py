@@ -344,8 +344,10 @@ class Node:
                 generator=generator_of(g.task.ref.family),
                 question=g.task.question,
                 completions=texts,
-                finished=tuple(
-                    f and t == full for f, t, full in zip(g.finished, texts, g.texts, strict=True)
+                unfinished=frozenset(
+                    i
+                    for i, (f, t, full) in enumerate(zip(g.finished, texts, g.texts, strict=True))
+                    if not f or t != full
                 ),
                 model=wire.clip_utf8(self._model_label(), wire.MAX_MODEL_BYTES),
                 round=r,

@@ -103,10 +103,10 @@ def topic(swarm: str) -> str:
 class RolloutGroup:
     """One task and L completions of it, as text: what a node tells its peers.
 
-    ``finished[i]`` says whether completion ``i`` ended where its model ended the turn
-    (True) or was cut at the author's token or byte limit (False); a receiver closes only
-    finished completions with its own end-of-turn token. None means every completion
-    finished (a convenience for callers; the wire always carries the list).
+    ``unfinished`` holds the indices of the completions that were cut at the author's
+    token or byte limit instead of ending where its model ended the turn; on the wire
+    this is the ``finished`` array, one flag per completion (``finished``, below). A
+    receiver closes only finished completions with its own end-of-turn token.
     """
 
     ref: TaskRef
@@ -118,13 +118,14 @@ class RolloutGroup:
     created_ms: int
     answer: str | None = None
     metadata: str | None = None
-    finished: tuple[bool, ...] | None = None
+    unfinished: frozenset[int] = frozenset()
     modality: str = MODALITY_TEXT
     version: int = PROTOCOL_VERSION
 
-    def __post_init__(self) -> None:
-        if self.finished is None:
-            object.__setattr__(self, "finished", (True,) * len(self.completions))
+    @property
+    def finished(self) -> tuple[bool, ...]:
+        """One flag per completion: True if it ended with its model's end of turn."""
+        return tuple(i not in self.unfinished for i in range(len(self.completions)))
 
     def to_wire(self) -> dict[str, Any]:
         """The message as the plain map that is encoded, fields in spec order."""
@@ -169,6 +170,8 @@ class EncodeError(ValueError):
 def encode(group: RolloutGroup) -> bytes:
     """The message's bytes; EncodeError if it breaks a rule a receiver would refuse."""
     try:
+        if any(not 0 <= i < len(group.completions) for i in group.unfinished):
+            raise ValueError(f"unfinished {sorted(group.unfinished)} names no completion")
         data = msgpack.packb(group.to_wire(), use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
         raise EncodeError(f"cannot encode: {exc}") from None
@@ -312,7 +315,7 @@ def _from_wire(raw: Any) -> RolloutGroup:
         created_ms=_uint(msg["created"], "created"),
         answer=answer,
         metadata=metadata,
-        finished=tuple(finished),
+        unfinished=frozenset(i for i, f in enumerate(finished) if not f),
     )
 
 

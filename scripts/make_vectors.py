@@ -73,7 +73,7 @@ def rg_group(
     completions: list[str],
     *,
     round_: int,
-    finished: tuple[bool, ...] | None = None,
+    unfinished: frozenset[int] = frozenset(),
     created_ms: int = CREATED_MS,
     model: str = MODEL,
 ) -> RolloutGroup:
@@ -84,7 +84,7 @@ def rg_group(
         generator=generator_of(family),
         question=make_task(ref).question,
         completions=tuple(completions),
-        finished=finished,
+        unfinished=unfinished,
         model=model,
         round=round_,
         created_ms=created_ms,
@@ -104,11 +104,11 @@ def size_limit_group(extra: int) -> RolloutGroup:
     base = rg_group("basic_arithmetic", ARITHMETIC, 9, 3, ["", ""], round_=40)
     full = [filler(f"Completion {i}. ", wire.MAX_COMPLETION_BYTES) for i in range(63)]
     last = 1000  # any length from 256 on keeps the str16 header, so sizes add up
-    probe = replace(base, completions=(*full, filler("Last. ", last)), finished=None)
+    probe = replace(base, completions=(*full, filler("Last. ", last)))
     size = len(msgpack.packb(probe.to_wire(), use_bin_type=True))
     last += wire.MAX_MESSAGE_BYTES + extra - size
     assert 256 <= last <= wire.MAX_COMPLETION_BYTES
-    return replace(base, completions=(*full, filler("Last. ", last)), finished=None)
+    return replace(base, completions=(*full, filler("Last. ", last)))
 
 
 def valid_vectors() -> list[Valid]:
@@ -128,7 +128,7 @@ def valid_vectors() -> list[Valid]:
         0,
         [f"Attempt {i}: <answer>{a}</answer>" for i, a in enumerate(answers)],
         round_=12,
-        finished=tuple(i % 5 != 4 for i in range(64)),
+        unfinished=frozenset(range(4, 64, 5)),
         created_ms=CREATED_MS + 1,
     )
     unicode = rg_group(

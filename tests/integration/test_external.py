@@ -258,7 +258,7 @@ def test_a_peer_reward_is_earned_only_by_the_text_that_is_trained(receiver: Node
 
 def test_only_finished_peer_completions_end_with_the_end_token(receiver: Node) -> None:
     shared = dataclasses.replace(
-        _shared(21, ("77", "7a", "ab", "a7")), finished=(True, False, True, False)
+        _shared(21, ("77", "7a", "ab", "a7")), unfinished=frozenset({1, 3})
     )
     verdict = receiver.receive(wire.encode(shared), "peer-a")
     group = receiver._as_group(verdict.item)

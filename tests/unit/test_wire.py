@@ -68,7 +68,7 @@ def group_of(message: dict[str, Any]) -> RolloutGroup:
         generator=message["generator"],
         question=message["question"],
         completions=tuple(message["completions"]),
-        finished=tuple(message["finished"]),
+        unfinished=frozenset(i for i, f in enumerate(message["finished"]) if not f),
         model=message["model"],
         round=message["round"],
         created_ms=message["created"],
@@ -502,3 +502,12 @@ def test_clip_utf8_never_splits_a_character(text: str, limit: int) -> None:
     assert len(clipped.encode()) <= limit
     if clipped != text:  # the longest prefix that fits
         assert len(text[: len(clipped) + 1].encode()) > limit
+
+
+def test_finished_flags_travel_per_completion() -> None:
+    group = replace(minimal_group(), unfinished=frozenset({1}))
+    got = decode(encode(group))
+    assert got == group and got.finished == (True, False)
+    assert msgpack.unpackb(encode(group))["finished"] == [True, False]
+    with pytest.raises(EncodeError, match="names no completion"):
+        encode(replace(minimal_group(), unfinished=frozenset({2})))
