@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -70,19 +69,18 @@ def test_packed_logprobs_equal_unpadded_forward(policy) -> None:
             torch.testing.assert_close(got[i, : len(s.completion_ids)], want, atol=1e-4, rtol=1e-4)
 
 
-def _update(policy, samples, **train) -> dict[str, torch.Tensor]:
-    p = copy.deepcopy(policy)
-    Trainer(p, TrainSection(optimizer="adam", lr=1e-2, **train), max_new_tokens=16).step(samples)
-    return {n: t.detach().clone() for n, t in p.model.named_parameters()}
+def _grads(policy, samples, **train) -> dict[str, torch.Tensor]:
+    Trainer(policy, TrainSection(**train), max_new_tokens=16).gradients(samples)
+    return {n: t.grad.detach().clone() for n, t in policy.model.named_parameters()}
 
 
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
-def test_micro_batching_does_not_change_the_update(policy, norm: str) -> None:
+def test_micro_batching_does_not_change_the_gradient(policy, norm: str) -> None:
     samples = _samples()
-    one = _update(policy, samples, micro_batch_size=64, loss_norm=norm)
-    many = _update(policy, samples, micro_batch_size=2, loss_norm=norm)
+    one = _grads(policy, samples, micro_batch_size=64, loss_norm=norm)
+    many = _grads(policy, samples, micro_batch_size=2, loss_norm=norm)
     for name in one:
-        torch.testing.assert_close(one[name], many[name], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(one[name], many[name], atol=1e-7, rtol=1e-4)
 
 
 def test_update_moves_probability_toward_positive_advantage(policy) -> None:
