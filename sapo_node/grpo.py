@@ -21,14 +21,29 @@ with defaults ``eps_low = 0.2``, ``eps_high = 0.28`` and KL weight ``beta = 0`` 
 no reference model is needed then).
 
 The batch loss is ``sum_{i,t} w_{i,t} * l_{i,t}``; the weights pick the normalisation
-(``n_i`` = completion tokens of row ``i``, ``B`` = rows in the training batch):
+(``n_i`` = completion tokens of row ``i``; ``B`` = rows and ``N`` = completion tokens of the
+round's WHOLE batch, see below):
 
-    "token"     w = 1 / sum_i n_i          every token counts equally (DAPO)
+    "token"     w = 1 / N                  every token counts equally (DAPO)
     "sequence"  w = 1 / (n_i * B)          mean over tokens, then over sequences (GRPO)
     "constant"  w = 1 / (max_tokens * B)   length-unbiased constant (Dr. GRPO)
 
+The batch is the round's: all I + J groups, including those without signal. Such groups
+have advantages of exactly 0, so they add nothing to the loss, and the trainer skips them,
+but they still count in ``B`` and ``N`` (``batch_rows``/``batch_tokens`` of ``loss_weights``),
+as TRL normalises over the full batch including zero-advantage rows. A token's weight then
+does not depend on how many groups of its round had signal: a swarm node (whose external
+groups carry signal) and a lone node take steps of the same scale. Left as None, the totals
+are those of the rows passed (the batch is the rows with signal).
+
 Weights are computed once over the whole training batch and sliced per micro-batch, so
 summing the micro-batch losses (and gradients) gives exactly the full-batch loss (gradient).
+
+The trained log-probs are those of the distribution that was sampled: the logits are divided
+by the temperature, then truncated by top-k, then by top-p (Hugging Face's order and rules,
+``TopKLogitsWarper``/``TopPLogitsWarper`` with ``min_tokens_to_keep=1``). The sampled token
+itself is never truncated away here (a token at the truncation boundary, where the sampler's
+arithmetic can differ in the last bit, would get log-prob -inf and a NaN loss).
 """
 
 from __future__ import annotations
@@ -46,7 +61,9 @@ __all__ = [
     "k3_kl",
     "loss_weights",
     "masked_mean",
+    "token_entropy",
     "token_logprobs",
+    "truncated_logits",
 ]
 
 #: ``logp - old_logp`` is clamped to +-this before ``exp`` so that a stale or padded token can
@@ -83,14 +100,62 @@ def group_advantages(
     return torch.where(has_signal[:, None], centred, torch.zeros_like(centred))
 
 
-def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+def truncated_logits(
+    logits: Tensor,
+    temperature: float = 1.0,
+    *,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    keep: Tensor | None = None,
+) -> Tensor:
+    """logits [..., V] -> the sampler's logits [..., V]: ``/ temperature``, then top-k, then
+    top-p, removed entries set to -inf (Hugging Face's warpers, ``min_tokens_to_keep=1``).
+
+    ``keep`` (int [...], optional): an index per position that is never removed (the sampled
+    token). The truncation mask is computed without gradient; the kept entries' gradient is
+    that of ``logits / temperature``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got {top_k} and {top_p}")
+    x = logits / temperature if temperature != 1.0 else logits
+    vocab = x.shape[-1]
+    if (top_k == 0 or top_k >= vocab) and top_p >= 1.0:
+        return x
+    with torch.no_grad():
+        remove = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+        if 0 < top_k < vocab:
+            kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+            remove |= x < kth
+        if top_p < 1.0:
+            masked = x.masked_fill(remove, float("-inf"))
+            sorted_x, order = torch.sort(masked, dim=-1, descending=False)
+            cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
+            drop_sorted = cum <= (1 - top_p)
+            drop_sorted[..., -1:] = False
+            remove |= drop_sorted.scatter(-1, order, drop_sorted)
+        if keep is not None:
+            remove.scatter_(-1, keep.long().unsqueeze(-1), False)
+    return x.masked_fill(remove, float("-inf"))
+
+
+def token_logprobs(
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    *,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> Tensor:
     """logits [B, T, V], targets [B, T] (int, in [0, V)) -> log p(target) [B, T].
 
-    Computes ``logits[target] / temperature - logsumexp(logits / temperature)`` one row at a
-    time, so at most one [T, V] temporary exists at once (no second [B, T, V] log-softmax).
-    Half-precision logits are upcast per row; the result is float32 for them, else their dtype.
-    Under autograd, a scaled/upcast row copy is still kept for backward (temperature != 1 or
-    half precision); at temperature 1 in float32 nothing [B, T, V]-sized is added.
+    ``p`` is the sampled distribution: ``truncated_logits`` (temperature, top-k, top-p).
+    Computed one row at a time, so at most one [T, V] temporary exists at once (no second
+    [B, T, V] log-softmax). Half-precision logits are upcast per row; the result is float32
+    for them, else their dtype. Under autograd, a scaled/upcast row copy is still kept for
+    backward (temperature != 1, truncation or half precision); at temperature 1 in float32
+    without truncation nothing [B, T, V]-sized is added.
     """
     if logits.ndim != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
@@ -105,10 +170,30 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) ->
     rows = []
     for row_logits, row_targets in zip(logits, targets, strict=True):
         x = row_logits.float() if half else row_logits
-        if temperature != 1.0:
-            x = x / temperature
+        x = truncated_logits(x, temperature, top_k=top_k, top_p=top_p, keep=row_targets)
         picked = x.gather(-1, row_targets.long().unsqueeze(-1)).squeeze(-1)
         rows.append(picked - torch.logsumexp(x, dim=-1))
+    return torch.stack(rows)
+
+
+@torch.no_grad()
+def token_entropy(
+    logits: Tensor, temperature: float = 1.0, *, top_k: int = 0, top_p: float = 1.0
+) -> Tensor:
+    """logits [B, T, V] -> entropy [B, T] (nats, float32) of the sampled distribution.
+
+    No gradient and one [T, V] temporary at a time: nothing is kept for backward.
+    """
+    if logits.ndim != 3:
+        raise ValueError(f"need logits [B, T, V], got {tuple(logits.shape)}")
+    rows = []
+    for row in logits:
+        x = truncated_logits(row.float(), temperature, top_k=top_k, top_p=top_p)
+        logp = x - torch.logsumexp(x, dim=-1, keepdim=True)
+        p = logp.exp()
+        rows.append(-torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1))
+    if not rows:
+        return logits.new_zeros(logits.shape[:2], dtype=torch.float32)
     return torch.stack(rows)
 
 
@@ -117,29 +202,39 @@ def loss_weights(
     mode: Literal["token", "sequence", "constant"],
     *,
     max_tokens: int | None = None,
+    batch_rows: int | None = None,
+    batch_tokens: int | None = None,
 ) -> Tensor:
     """mask [B, T] (1 on completion tokens, 0 on prompt/padding) -> weights [B, T].
 
     The batch loss is ``sum(weights * per_token_loss)``. Call once on the WHOLE training batch,
-    then slice rows per micro-batch. ``constant`` uses ``max_tokens`` (default ``T``) as the
-    length budget. Masked tokens and rows without tokens get weight 0 (never NaN).
+    then slice rows per micro-batch. ``batch_rows``/``batch_tokens`` are the rows and
+    completion tokens of the round's whole batch, including groups without signal that are
+    not passed (see the module docstring); None: those of ``mask``. ``constant`` uses
+    ``max_tokens`` (default ``T``) as the length budget. Masked tokens and rows without
+    tokens get weight 0 (never NaN).
     """
     if mask.ndim != 2:
         raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
     m = (mask != 0).to(mask.dtype if mask.is_floating_point() else torch.get_default_dtype())
-    n_rows = m.shape[0]
     lengths = m.sum(dim=1, keepdim=True)  # [B, 1]
+    n_rows = m.shape[0] if batch_rows is None else batch_rows
+    n_tokens = float(lengths.sum()) if batch_tokens is None else float(batch_tokens)
+    if n_rows < m.shape[0]:
+        raise ValueError(f"batch_rows={n_rows} is less than the {m.shape[0]} rows passed")
+    if n_tokens < float(lengths.sum()):
+        raise ValueError(f"batch_tokens={batch_tokens} is less than the tokens passed")
     if mode == "token":
-        return m / lengths.sum().clamp(min=1.0)
+        return m / max(n_tokens, 1.0)
     if mode == "sequence":
-        return m / (lengths.clamp(min=1.0) * n_rows)
+        return m / (lengths.clamp(min=1.0) * max(n_rows, 1))
     if mode == "constant":
         budget = m.shape[1] if max_tokens is None else max_tokens
         if budget <= 0:
             raise ValueError(f"max_tokens must be > 0, got {budget}")
-        if n_rows and int(lengths.max().item()) > budget:
+        if m.shape[0] and int(lengths.max().item()) > budget:
             raise ValueError(f"a row has more than max_tokens={budget} completion tokens")
-        return m / (budget * n_rows)
+        return m / (budget * max(n_rows, 1))
     raise ValueError(f"unknown mode {mode!r}")
 
 

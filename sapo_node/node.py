@@ -178,7 +178,9 @@ class Node:
         )
         self.curriculum = Curriculum(config.tasks.families, config.curriculum)
         g = config.generation
-        self.trainer = Trainer(self.policy, config.train, g.max_new_tokens, g.temperature)
+        self.trainer = Trainer(
+            self.policy, config.train, g.max_new_tokens, g.temperature, top_p=g.top_p, top_k=g.top_k
+        )
         self.pool = Pool.from_config(self.data_dir / "pool.sqlite3", config.pool)
         self.intake = Intake(
             self.pool,
@@ -455,6 +457,9 @@ class Node:
                 "train/loss": stats.loss,
                 "train/clip_frac": stats.clip_frac,
                 "train/kl": stats.kl,
+                "train/approx_kl": stats.approx_kl,
+                "train/entropy": stats.entropy,
+                "train/skipped_steps": stats.skipped_steps,
                 "train/grad_norm": stats.grad_norm,
                 "peak_rss_mb": peak_rss_mb(),
                 "peak_gpu_mb": peak_gpu_mb(self.policy.device),

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sapo_node import grpo
 from sapo_node.grpo import (
     clipped_surrogate,
     group_advantages,
@@ -448,3 +449,63 @@ def test_stats_are_weighted() -> None:
     assert stats["ratio_mean"].item() == pytest.approx(1.5)
     assert stats["approx_kl"].item() == pytest.approx(0.5 * (1.0 - math.log(2.0)))
     assert masked_mean(torch.ones(2), torch.zeros(2)).item() == 0.0
+
+
+# --- whole-batch normalisation and the sampler's truncation ------------------------------
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence", "constant"])
+def test_weights_of_a_group_do_not_depend_on_other_groups_signal(mode: str) -> None:
+    """The rows passed weigh what they weigh in the whole batch they came from."""
+    signal = (torch.arange(6)[None, :] < torch.tensor([[3], [6], [1]])).float()
+    flat = (torch.arange(6)[None, :] < torch.tensor([[2], [5]])).float()
+    whole = grpo.loss_weights(torch.cat([signal, flat]), mode, max_tokens=8)[:3]
+    got = grpo.loss_weights(
+        signal, mode, max_tokens=8, batch_rows=5, batch_tokens=int(signal.sum() + flat.sum())
+    )
+    torch.testing.assert_close(got, whole)
+    assert not torch.allclose(grpo.loss_weights(signal, mode, max_tokens=8), whole)
+    with pytest.raises(ValueError, match="batch_rows"):
+        grpo.loss_weights(signal, mode, max_tokens=8, batch_rows=2)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 0.9), (0.7, 5, 1.0), (1.3, 10, 0.5), (1.0, 1, 0.3), (0.5, 0, 0.01), (2.0, 50, 0.95)],
+)
+def test_truncation_equals_hugging_face_warpers(temperature, top_k, top_p) -> None:
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    g = torch.Generator().manual_seed(int(temperature * 100) + top_k)
+    scores = torch.randn(64, 40, generator=g) * 3
+    want = TemperatureLogitsWarper(temperature)(None, scores.clone())
+    if top_k:
+        want = TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1)(None, want)
+    if top_p < 1:
+        want = TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1)(None, want)
+    got = grpo.truncated_logits(scores, temperature, top_k=top_k, top_p=top_p)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    torch.testing.assert_close(got[~torch.isinf(got)], want[~torch.isinf(want)])
+    # log-probs of sampled tokens are those of the warped distribution
+    probs = torch.softmax(want, -1)
+    targets = torch.multinomial(probs, 1, generator=g)[:, 0].view(8, 8)
+    logp = grpo.token_logprobs(
+        scores.view(8, 8, 40), targets, temperature, top_k=top_k, top_p=top_p
+    )
+    ref = torch.log_softmax(want, -1).gather(-1, targets.view(-1, 1)).view(8, 8)
+    torch.testing.assert_close(logp, ref)
+    ent = grpo.token_entropy(scores.view(8, 8, 40), temperature, top_k=top_k, top_p=top_p)
+    direct = torch.distributions.Categorical(logits=want).entropy().view(8, 8)
+    torch.testing.assert_close(ent, direct)
+
+
+def test_a_truncated_target_keeps_a_finite_log_prob() -> None:
+    logits = torch.tensor([[[5.0, 4.0, -3.0]]], requires_grad=True)
+    logp = grpo.token_logprobs(logits, torch.tensor([[2]]), top_k=1)
+    assert torch.isfinite(logp).all()
+    logp.sum().backward()
+    assert torch.isfinite(logits.grad).all()

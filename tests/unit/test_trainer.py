@@ -70,19 +70,18 @@ def test_packed_logprobs_equal_unpadded_forward(policy) -> None:
             torch.testing.assert_close(got[i, : len(s.completion_ids)], want, atol=1e-4, rtol=1e-4)
 
 
-def _update(policy, samples, **train) -> dict[str, torch.Tensor]:
-    p = copy.deepcopy(policy)
-    Trainer(p, TrainSection(optimizer="adam", lr=1e-2, **train), max_new_tokens=16).step(samples)
-    return {n: t.detach().clone() for n, t in p.model.named_parameters()}
+def _grads(policy, samples, **train) -> dict[str, torch.Tensor]:
+    Trainer(policy, TrainSection(**train), max_new_tokens=16).gradients(samples)
+    return {n: t.grad.detach().clone() for n, t in policy.model.named_parameters()}
 
 
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
-def test_micro_batching_does_not_change_the_update(policy, norm: str) -> None:
+def test_micro_batching_does_not_change_the_gradient(policy, norm: str) -> None:
     samples = _samples()
-    one = _update(policy, samples, micro_batch_size=64, loss_norm=norm)
-    many = _update(policy, samples, micro_batch_size=2, loss_norm=norm)
+    one = _grads(policy, samples, micro_batch_size=64, loss_norm=norm)
+    many = _grads(policy, samples, micro_batch_size=2, loss_norm=norm)
     for name in one:
-        torch.testing.assert_close(one[name], many[name], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(one[name], many[name], atol=1e-7, rtol=1e-4)
 
 
 def test_update_moves_probability_toward_positive_advantage(policy) -> None:
@@ -152,3 +151,128 @@ def test_zero_signal_groups_give_no_samples() -> None:
     assert len(samples) == 2
     adv = torch.tensor([s.advantage for s in samples])
     torch.testing.assert_close(adv, grpo.group_advantages(torch.tensor([[1.0, 0.0]]))[0])
+
+
+def _flat_group(n: int = 3) -> list[Sample]:
+    """A group without signal: every advantage 0 (the node drops it before the trainer)."""
+    return [Sample([7, 8, 9, 10], [20 + i, 21, 22, 23][: 2 + i], 0.0) for i in range(n)]
+
+
+@pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
+def test_groups_without_signal_do_not_rescale_the_step(policy, norm: str) -> None:
+    """Issue 9, defect 1: the round's whole batch normalises the loss, signal or not."""
+    signal, flat = _samples(), _flat_group()
+    rows = len(signal) + len(flat)
+    tokens = sum(len(s.completion_ids) for s in signal + flat)
+    with_flat = _grads(policy, signal + flat, loss_norm=norm)
+    trainer = Trainer(policy, TrainSection(loss_norm=norm), max_new_tokens=16)
+    trainer.gradients(signal, batch_rows=rows, batch_tokens=tokens)
+    dropped = {n: t.grad.detach().clone() for n, t in policy.model.named_parameters()}
+    alone = _grads(policy, signal, loss_norm=norm)  # a round whose groups all had signal
+    for name in with_flat:
+        torch.testing.assert_close(dropped[name], with_flat[name], atol=1e-7, rtol=1e-4)
+    name = "model.embed_tokens.weight"
+    assert not torch.allclose(alone[name], with_flat[name], atol=1e-7, rtol=1e-3)
+
+
+def test_log_probs_follow_top_k_and_top_p(policy) -> None:
+    samples = _samples(3)
+    mb = pack(samples, policy.tokenizer.pad_token_id)
+    trainer = Trainer(policy, TrainSection(), max_new_tokens=16, temperature=0.7, top_p=0.8)
+    trainer.top_k = 20
+    with torch.no_grad():
+        logits = policy.model(
+            input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids
+        ).logits
+        c = mb.targets.shape[1]
+        x = grpo.truncated_logits(
+            logits[:, -c - 1 : -1].float(), 0.7, top_k=20, top_p=0.8, keep=mb.targets
+        )
+        want = torch.log_softmax(x, -1).gather(-1, mb.targets[..., None])[..., 0]
+        got = trainer._logprobs(policy.model, mb)
+    torch.testing.assert_close(got * mb.mask, want * mb.mask, atol=1e-4, rtol=1e-4)
+    assert torch.isfinite(got).all()
+
+
+def _direct_logp_entropy(policy, samples, temperature):
+    """Unshared forward of each sample alone: log-probs and entropies of its completion."""
+    logps, ents = [], []
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s.prompt_ids + s.completion_ids])
+            logits = policy.model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]
+            logp = torch.log_softmax(logits.float() / temperature, -1)
+            logps.append(logp.gather(-1, torch.tensor(s.completion_ids)[:, None])[:, 0])
+            ents.append(-(logp.exp() * logp).sum(-1))
+    return logps, ents
+
+
+def test_entropy_is_the_mean_token_entropy_at_the_sampling_temperature(policy) -> None:
+    samples = _samples()
+    trained = copy.deepcopy(policy)
+    stats = Trainer(trained, TrainSection(), max_new_tokens=16, temperature=1.5).step(samples)
+    _, ents = _direct_logp_entropy(policy, samples, 1.5)  # the policy before the step
+    assert stats.entropy == pytest.approx(float(torch.cat(ents).mean()), rel=1e-4)
+    assert stats.approx_kl == 0.0  # one step: the ratio is exactly 1
+
+
+def test_second_epoch_ratio_is_against_the_real_old_policy(policy) -> None:
+    """Issue 10, part 4: no separate old pass, yet epoch 2's ratio is new / old."""
+    samples = _samples()
+    settings = dict(optimizer="adam", lr=1e-2)
+    two = copy.deepcopy(policy)
+    one = copy.deepcopy(policy)
+    stats = Trainer(two, TrainSection(ppo_epochs=2, **settings), max_new_tokens=16).step(samples)
+    Trainer(one, TrainSection(ppo_epochs=1, **settings), max_new_tokens=16).step(samples)
+    old, _ = _direct_logp_entropy(policy, samples, 1.0)
+    new, _ = _direct_logp_entropy(one, samples, 1.0)  # the policy epoch 2 runs
+    d = torch.cat(new) - torch.cat(old)
+    assert d.abs().max() > 1e-3  # the ratio moved away from 1
+    assert stats.steps == 2
+    assert stats.approx_kl == pytest.approx(float((torch.expm1(d) - d).mean()), rel=1e-3)
+    assert stats.approx_kl > 0
+
+
+def _weights(policy) -> dict[str, torch.Tensor]:
+    return {n: t.detach().clone() for n, t in policy.model.named_parameters()}
+
+
+def test_a_nan_loss_skips_the_step(policy, caplog) -> None:
+    before = _weights(policy)
+    bad = [*_samples(), Sample([5, 6], [7, 8], float("nan"))]
+    trainer = Trainer(policy, TrainSection(lr=1e-2), max_new_tokens=16)
+    stats = trainer.step(bad)
+    assert stats.steps == 0 and stats.skipped_steps == 1
+    assert not torch.isfinite(torch.tensor(stats.grad_norm))
+    for n, t in policy.model.named_parameters():
+        assert torch.equal(before[n], t), n
+    assert trainer.step(_samples()).steps == 1  # the next round trains again
+
+
+def test_an_infinite_gradient_skips_the_step(policy) -> None:
+    before = _weights(policy)
+    param = policy.model.get_input_embeddings().weight
+    hook = param.register_hook(lambda g: g * float("inf"))
+    try:
+        stats = Trainer(policy, TrainSection(lr=1e-2, ppo_epochs=2), max_new_tokens=16).step(
+            _samples()
+        )
+    finally:
+        hook.remove()
+    assert stats.steps == 0 and stats.skipped_steps == 2
+    for n, t in policy.model.named_parameters():
+        assert torch.equal(before[n], t), n
+
+
+def test_float16_uses_a_grad_scaler(policy) -> None:
+    half = copy.deepcopy(policy)
+    half.dtype = torch.float16  # CPU autocast runs float16; master weights stay float32
+    trainer = Trainer(half, TrainSection(lr=1e-3), max_new_tokens=16)
+    assert trainer.scaler is not None
+    before = _weights(half)
+    stats = trainer.step(_samples())
+    assert stats.steps + stats.skipped_steps == 1
+    for n, t in half.model.named_parameters():
+        assert torch.isfinite(t).all(), n
+    if stats.steps:
+        assert any(not torch.equal(before[n], t) for n, t in half.model.named_parameters())
