@@ -138,17 +138,16 @@ def test_lora_trains_only_adapters(tiny_model_dir: Path) -> None:
     assert stats.steps == 1 and stats.grad_norm > 0
 
 
-def test_zero_signal_groups_give_no_samples() -> None:
-    from sapo_node.node import Group, training_samples
+def test_zero_signal_groups_give_no_samples_but_count_in_the_batch() -> None:
+    from sapo_node.node import Group, training_set
 
-    flat = Group(
-        task=None, prompt_ids=[1], completion_ids=[[2], [3]], texts=["a", "b"], rewards=[1.0, 1.0]
-    )
-    mixed = Group(
-        task=None, prompt_ids=[1], completion_ids=[[2], [3]], texts=["a", "b"], rewards=[1.0, 0.0]
-    )
-    samples = training_samples([flat, mixed], "std")
+    def group(rewards: list[float]) -> Group:
+        return Group(None, [1], [[2, 4, 5], [3]], ["a", "b"], [True, True], rewards)
+
+    batch = training_set([group([1.0, 1.0]), group([1.0, 0.0])], "std")
+    samples = batch.samples
     assert len(samples) == 2
+    assert (batch.batch_rows, batch.batch_tokens) == (4, 8)  # the flat group counts too
     adv = torch.tensor([s.advantage for s in samples])
     torch.testing.assert_close(adv, grpo.group_advantages(torch.tensor([[1.0, 0.0]]))[0])
 
