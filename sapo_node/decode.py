@@ -121,7 +121,6 @@ def sample(
     max_new_tokens: int,
     sampling: Sampling,
     eos_ids: Sequence[int],
-    pad_id: int,
     device: torch.device,
     max_batch_sequences: int,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
@@ -146,7 +145,6 @@ def sample(
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             eos_ids=eos_ids,
-            pad_id=pad_id,
             device=device,
             autocast=autocast,
             should_stop=should_stop,
@@ -186,7 +184,6 @@ def _sample_chunk(
     max_new_tokens: int,
     sampling: Sampling,
     eos_ids: Sequence[int],
-    pad_id: int,
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager],
     should_stop: Callable[[], bool] | None,
@@ -270,7 +267,15 @@ def _sample_chunk(
 
 
 def sample_next(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """One token per row from float32 logits [B, V]: temperature, top-k, top-p, draw."""
+    """One token per row from float32 logits [B, V]."""
+    return draw(torch.softmax(warp(logits, sampling), dim=-1))
+
+
+def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, as transformers' logits warpers (-inf: removed).
+
+    With top-p = 1 and top-k = 0 (the defaults) nothing is sorted.
+    """
     scores = logits if sampling.temperature == 1.0 else logits / sampling.temperature
     if sampling.top_k:
         k = min(sampling.top_k, scores.shape[-1])
@@ -282,7 +287,7 @@ def sample_next(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         remove = cumulative <= (1 - sampling.top_p)
         remove[..., -1:] = False
         scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
-    return draw(torch.softmax(scores, dim=-1))
+    return scores
 
 
 def draw(probs: torch.Tensor) -> torch.Tensor:

@@ -262,7 +262,6 @@ class Policy:
                 max_new_tokens=settings.max_new_tokens,
                 sampling=decode.Sampling(settings.temperature, settings.top_k, settings.top_p),
                 eos_ids=self.eos_ids,
-                pad_id=self.tokenizer.pad_token_id,
                 device=self.device,
                 max_batch_sequences=settings.max_batch_sequences,
                 autocast=self.autocast,
