@@ -229,7 +229,7 @@ def _sample_chunk(
     logits = torch.cat(first_logits)
 
     # 2. Decode: sample, append, drop finished rows.
-    eos = torch.tensor(list(eos_ids), device=device)
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
     active = torch.arange(rows)  # original row of each batch row
     done = torch.zeros(rows, dtype=torch.bool)  # per batch row
     completions: list[list[int]] = [[] for _ in range(rows)]
