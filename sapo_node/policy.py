@@ -27,6 +27,7 @@ import structlog
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
+from sapo_node import decode
 from sapo_node.config import GenerationSection, LoraSection
 
 log = structlog.get_logger(__name__)
@@ -273,16 +274,46 @@ class Policy:
         n: int,
         should_stop: Callable[[], bool] | None = None,
     ) -> Generated:
-        """``n`` sampled completions of every prompt, in batched, left-padded calls.
+        """``n`` sampled completions of every prompt.
 
-        If ``should_stop()`` turns true, generation ends at the next token (the caller
-        discards the partial result).
+        Each prompt is prefilled once and its cache shared by its ``n`` completions
+        (``sapo_node.decode``); models that path does not support go through
+        ``model.generate`` in left-padded batches. If ``should_stop()`` turns true,
+        generation ends at the next token (the caller discards the partial result).
         """
+        self.model.eval()
+        if decode.supported(self.model):
+            ids = decode.sample(
+                self.model,
+                prompts,
+                n,
+                max_new_tokens=settings.max_new_tokens,
+                sampling=decode.Sampling(settings.temperature, settings.top_k, settings.top_p),
+                eos_ids=self.eos_ids,
+                device=self.device,
+                max_batch_sequences=settings.max_batch_sequences,
+                autocast=self.autocast,
+                should_stop=should_stop,
+            )
+        else:
+            ids = self.generate_plain(prompts, settings, n=n, should_stop=should_stop)
+        texts = [[self.decode(c) for c in group] for group in ids]
+        return Generated(ids, texts, sum(len(c) for g in ids for c in g))
+
+    @torch.inference_mode()
+    def generate_plain(
+        self,
+        prompts: Sequence[list[int]],
+        settings: GenerationSection,
+        *,
+        n: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[list[list[int]]]:
+        """The reference path: ``model.generate`` on every row, left-padded, in chunks."""
         stopping = StoppingCriteriaList([_StopFlag(should_stop)] if should_stop else [])
         self.model.eval()
         rows = [p for p in prompts for _ in range(n)]
         out_ids: list[list[int]] = []
-        new_tokens = 0
         for start in range(0, len(rows), settings.max_batch_sequences):
             chunk = rows[start : start + settings.max_batch_sequences]
             input_ids, attention = self._left_pad(chunk)
@@ -300,13 +331,10 @@ class Policy:
                     use_cache=True,
                     stopping_criteria=stopping,
                 )
-            for row in seqs[:, input_ids.shape[1] :].tolist():
-                completion = _cut_at_eos(row, self.eos_ids)
-                new_tokens += len(completion)
-                out_ids.append(completion)
-        ids = [out_ids[i * n : (i + 1) * n] for i in range(len(prompts))]
-        texts = [[self.decode(c) for c in group] for group in ids]
-        return Generated(ids, texts, new_tokens)
+            out_ids.extend(
+                _cut_at_eos(r, self.eos_ids) for r in seqs[:, input_ids.shape[1] :].tolist()
+            )
+        return [out_ids[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _left_pad(self, rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(r) for r in rows)

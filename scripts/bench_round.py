@@ -1,16 +1,20 @@
 """Benchmark the node's generation path and round overhead on the embedded model.
 
-Prints, for the same batch on the same machine, in one process:
-  1. tokens/s of the node's generation path (Policy.generate: every completion of the
-     round in one left-padded batched call) vs plain ``model.generate`` called once per
-     task with ``num_return_sequences=L`` (how a straightforward loop does it), and vs
-     plain ``model.generate`` called with 2 completions at a time (the public reference
-     implementation's habit). Lengths are forced (min_new_tokens = max_new_tokens) so
-     that every variant produces the same number of tokens; the figures are ratios.
+Prints, for the same batch on the same machine, in one process, interleaved:
+  1. generation (the default shape: 4 tasks x 8 completions, the real task prompts):
+     tokens/s of the node's path (``sapo_node.decode``: each prompt prefilled once, its
+     cache shared by its completions, a lean decode loop) against plain
+     ``model.generate`` on every row left-padded (the node's path before issue 10), with
+     64 new tokens forced (EOS suppressed) so both make the same tokens; the fp32 GEMM
+     bound of the model's weight matrices at that batch, measured in the same run (the
+     tokens/s if a decode step cost only its weight GEMMs); useful tokens/s of both at
+     natural lengths (rows stop at EOS); prefill one prompt at a time against one
+     left-padded batch; with ``--profile-step``, where a decode step's time goes.
   2. a few real rounds of a Node: the share of wall time per round spent
      outside generate/score/train, and the peak RSS.
 
 Usage: python scripts/bench_round.py [--data-dir DIR] [--rounds 3] [--repeats 2]
+       [--profile-step] [--skip-rounds]
 """
 
 from __future__ import annotations
@@ -30,23 +34,30 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "sapo-bench")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--profile-step", action="store_true", help="Also profile one decode step by operator."
+    )
+    parser.add_argument("--skip-rounds", action="store_true", help="Only the generation part.")
     args = parser.parse_args()
 
     from sapo_node.logs import configure_logging
 
     configure_logging()
     measure_generation(args)
-    measure_rounds(args)
+    if not args.skip_rounds:
+        measure_rounds(args)
 
 
 def measure_generation(args: argparse.Namespace) -> None:
+    """Generation: the node's path (decode.py) against plain generate and the GEMM bound."""
+    from sapo_node import decode
     from sapo_node.config import load_config
     from sapo_node.curriculum import Curriculum
     from sapo_node.policy import load_policy
     from sapo_node.tasks import build_messages, make_task
 
     cfg = load_config(environ={})
-    gen = cfg.generation.model_copy(update={})
+    gen = cfg.generation
     policy = load_policy(
         "embedded",
         device="cpu",
@@ -61,35 +72,19 @@ def measure_generation(args: argparse.Namespace) -> None:
         for t in tasks
     ]
     n, new = gen.completions_per_task, gen.max_new_tokens
-    model, tok = policy.model, policy.tokenizer
+    rows = len(prompts) * n
+    model, tok = policy.model.eval(), policy.tokenizer
     print(
-        f"batch: {len(prompts)} tasks x {n} completions, {new} new tokens each, "
-        f"prompt {len(prompts[0])} tokens, torch threads {torch.get_num_threads()}"
+        f"generation: {len(prompts)} tasks x {n} completions, {new} new tokens forced "
+        f"(EOS suppressed), prompts {[len(p) for p in prompts]} tokens, "
+        f"torch threads {torch.get_num_threads()}"
     )
 
-    def plain(per_call: int) -> float:
+    def plain() -> float:
+        # The previous node path: every row in one left-padded model.generate call.
         start = time.perf_counter()
         with torch.inference_mode():
-            for p in prompts:
-                ids = torch.tensor([p])
-                for _ in range(n // per_call):
-                    model.generate(
-                        ids,
-                        attention_mask=torch.ones_like(ids),
-                        do_sample=True,
-                        num_return_sequences=per_call,
-                        max_new_tokens=new,
-                        min_new_tokens=new,
-                        pad_token_id=tok.pad_token_id,
-                    )
-        return len(prompts) * n * new / (time.perf_counter() - start)
-
-    def node_path() -> float:
-        # The node's own call, with EOS suppressed so that it makes as many tokens.
-        start = time.perf_counter()
-        with torch.inference_mode():
-            rows = [p for p in prompts for _ in range(n)]
-            ids, mask = policy._left_pad(rows)
+            ids, mask = policy._left_pad([p for p in prompts for _ in range(n)])
             model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -98,23 +93,167 @@ def measure_generation(args: argparse.Namespace) -> None:
                 min_new_tokens=new,
                 pad_token_id=tok.pad_token_id,
             )
-        return len(rows) * new / (time.perf_counter() - start)
+        return rows * new / (time.perf_counter() - start)
 
-    results: dict[str, list[float]] = {"node": [], "plain_per_task": [], "plain_2_at_a_time": []}
+    def node_path() -> float:
+        # decode.sample as Policy.generate calls it, with no EOS id: every row runs to the end.
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = decode.sample(
+                model,
+                prompts,
+                n,
+                max_new_tokens=new,
+                sampling=decode.Sampling(gen.temperature, gen.top_k, gen.top_p),
+                eos_ids=[],
+                device=policy.device,
+                max_batch_sequences=gen.max_batch_sequences,
+            )
+        made = sum(len(c) for g in out for c in g)
+        assert made == rows * new, made
+        return made / (time.perf_counter() - start)
+
+    weights = _weight_matrices(model)
+    forced: dict[str, list[float]] = {"node": [], "plain": [], "gemm_bound": []}
     for _ in range(args.repeats):  # interleaved, best of N: the machine is noisy
-        results["node"].append(node_path())
-        results["plain_per_task"].append(plain(n))
-        results["plain_2_at_a_time"].append(plain(2))
-    best = {k: max(v) for k, v in results.items()}
-    for k, v in best.items():
-        ratio = "" if k == "node" else f"   ratio node/{k}: {best['node'] / v:5.2f}x"
-        print(f"  {k:18s} {v:7.1f} tok/s{ratio}")
+        forced["node"].append(node_path())
+        forced["plain"].append(plain())
+        forced["gemm_bound"].append(rows / _gemm_seconds(weights, rows))
+    best = {k: max(v) for k, v in forced.items()}
+    print(
+        f"  GEMM bound at batch {rows}: {best['gemm_bound']:7.1f} tok/s "
+        f"({sum(w.numel() for w in weights) / 1e6:.1f} M weights; runs "
+        + ", ".join(f"{v:.1f}" for v in forced["gemm_bound"])
+        + ")"
+    )
+    for k in ("node", "plain"):
+        runs = ", ".join(f"{v:.1f}" for v in forced[k])
+        print(
+            f"  {k:6s} forced lengths: {best[k]:7.1f} tok/s, "
+            f"{100 * best[k] / best['gemm_bound']:5.1f}% of the GEMM bound (runs {runs})"
+        )
+    print(f"  ratio node/plain, forced lengths: {best['node'] / best['plain']:.2f}x")
 
-    # Natural lengths through Policy.generate (rows stop at EOS): useful tokens per second.
-    start = time.perf_counter()
-    out = policy.generate(prompts, gen, n=n)
-    useful = out.new_tokens / (time.perf_counter() - start)
-    print(f"  node, natural lengths: {useful:.1f} useful tok/s ({out.new_tokens} tokens)")
+    # Natural lengths: rows stop at EOS. Useful tokens per second, interleaved.
+    natural: dict[str, list[float]] = {"node": [], "plain": []}
+    for i in range(args.repeats):
+        for name in ("node", "plain") if i % 2 == 0 else ("plain", "node"):
+            torch.manual_seed(100 + i)
+            start = time.perf_counter()
+            if name == "node":
+                made = policy.generate(prompts, gen, n=n).new_tokens
+            else:
+                made = sum(len(c) for g in policy.generate_plain(prompts, gen, n=n) for c in g)
+            natural[name].append(made / (time.perf_counter() - start))
+    nb = {k: max(v) for k, v in natural.items()}
+    print(
+        f"  natural lengths: node {nb['node']:.1f}, plain {nb['plain']:.1f} useful tok/s, "
+        f"ratio {nb['node'] / nb['plain']:.2f}x (runs node "
+        + ", ".join(f"{v:.1f}" for v in natural["node"])
+        + "; plain "
+        + ", ".join(f"{v:.1f}" for v in natural["plain"])
+        + ")"
+    )
+    _measure_prefill(model, prompts, args.repeats)
+    if args.profile_step:
+        _profile_decode_step(model, prompts, n)
+
+
+def _weight_matrices(model) -> list[torch.Tensor]:
+    """Every weight matrix a decode step multiplies by: the layers' and the LM head."""
+    head = model.get_output_embeddings().weight
+    mats = [p for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name]
+    if not any(m is head for m in mats):
+        mats.append(head)
+    return [m.detach() for m in mats]
+
+
+def _gemm_seconds(weights: list[torch.Tensor], rows: int) -> float:
+    """Seconds for one pass of [rows, in] @ W.T over every weight matrix (best of 3)."""
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    best = float("inf")
+    with torch.inference_mode():
+        for w in weights:  # warm-up
+            inputs[w.shape[1]] @ w.t()
+        for _ in range(3):
+            start = time.perf_counter()
+            for w in weights:
+                inputs[w.shape[1]] @ w.t()
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _measure_prefill(model, prompts: list[list[int]], repeats: int) -> None:
+    """Prefill each prompt alone (decode.py's choice) vs one left-padded batch of them."""
+
+    def alone() -> float:
+        start = time.perf_counter()
+        for p in prompts:
+            model(input_ids=torch.tensor([p]), use_cache=True, logits_to_keep=1)
+        return time.perf_counter() - start
+
+    def padded() -> float:
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        position = (mask.cumsum(-1) - 1).clamp(min=0)
+        start = time.perf_counter()
+        model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"alone": [], "padded": []}
+    with torch.inference_mode():
+        for _ in range(max(2, repeats)):
+            times["alone"].append(alone())
+            times["padded"].append(padded())
+    best = {k: min(v) for k, v in times.items()}
+    print(
+        f"  prefill of the {len(prompts)} prompts: one by one {best['alone']:.2f} s, "
+        f"one left-padded batch {best['padded']:.2f} s"
+    )
+
+
+def _profile_decode_step(model, prompts: list[list[int]], n: int) -> None:
+    """Where a decode step's time goes (torch.profiler over 16 steps of decode.sample)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sapo_node import decode
+
+    def run(steps: int) -> None:
+        decode.sample(
+            model,
+            prompts,
+            n,
+            max_new_tokens=steps,
+            sampling=decode.Sampling(),
+            eos_ids=[],
+            device=torch.device("cpu"),
+            max_batch_sequences=len(prompts) * n,
+        )
+
+    with torch.inference_mode():
+        run(2)
+        with profile(activities=[ProfilerActivity.CPU]) as short:
+            run(1)  # prefill and the first draw only
+        with profile(activities=[ProfilerActivity.CPU]) as long:
+            run(17)
+    prefill = {e.key: e.self_cpu_time_total for e in short.key_averages()}
+    rows = []
+    for e in long.key_averages():
+        rows.append((e.key, (e.self_cpu_time_total - prefill.get(e.key, 0)) / 16))
+    total = sum(t for _, t in rows)
+    print(f"  one decode step at batch {len(prompts) * n}: {total / 1e3:.1f} ms (profiled)")
+    for key, t in sorted(rows, key=lambda r: -r[1])[:10]:
+        print(f"    {key:50s} {t / 1e3:7.2f} ms  {100 * t / total:5.1f}%")
 
 
 def measure_rounds(args: argparse.Namespace) -> None:

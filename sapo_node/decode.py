@@ -1,0 +1,301 @@
+"""Sampling completions with each prompt computed once, and a lean decode loop.
+
+``sample`` is what ``Policy.generate`` runs. For a chunk of prompts (at most
+``max_batch_sequences`` completions, prompts of similar length together):
+
+1. **Prefill once per prompt.** Each distinct prompt runs through the model alone (batch 1,
+   no padding), and its keys and values are written into a cache preallocated for all
+   of the chunk's rows: the prompt's L completions share one forward pass (nanochat's
+   engine does the same by cloning its cache). Rows are left-aligned to the longest
+   prompt; the attention mask hides the gap and position ids count from each row's own
+   first token, so a row sees exactly what it would see alone.
+2. **Decode.** One token per active row per step: ``model(..., cache=...)`` on the last
+   tokens, then sampling (temperature, then top-k, then top-p, as transformers' sampling
+   does). The cache is preallocated (`_PreallocatedLayer`): a step writes one column
+   instead of concatenating the whole past. Rows that emitted EOS are dropped from the
+   batch, mask and cache once enough of them have finished to pay for the copy.
+3. **Sampling without a sort.** With top-p = 1 and top-k = 0 a token is drawn by inverse
+   CDF (a cumulative sum and a binary search per row) instead of ``torch.multinomial``,
+   which draws one exponential variate per vocabulary entry; the distribution is the same.
+
+The output contract is ``Policy.generate``'s: a completion ends with an EOS id iff it
+finished. Models whose attention is not plain full attention (sliding windows, linear
+attention, encoder-decoders) are refused by ``supported`` and take the caller's
+``model.generate`` fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+# Drop finished rows once this share of the active rows has finished (the copy of the
+# cache costs about one decode step's worth of memory traffic).
+COMPACT_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is drawn: transformers' semantics (temperature, top-k, top-p)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+def supported(model) -> bool:
+    """Whether the fast path applies: a decoder-only model with full attention in every layer."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(text, "num_hidden_layers", None) is None:
+        return False
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        return False
+    return getattr(text, "sliding_window", None) is None or not getattr(
+        text, "use_sliding_window", True
+    )
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """One layer's keys and values in buffers sized for the whole generation.
+
+    A decode step writes one column; ``keys``/``values`` are views of the filled part, so
+    no step copies the past (``DynamicLayer`` concatenates it every step).
+    """
+
+    def __init__(self, buffers: tuple[torch.Tensor, torch.Tensor], length: int) -> None:
+        super().__init__()
+        self._k, self._v = buffers
+        self.device = self._k.device
+        self.length = length
+        self.is_initialized = True
+        self._views()
+
+    def _views(self) -> None:
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # never lazy
+        raise AssertionError("a preallocated layer is built with its buffers")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self._k.shape[2]:
+            raise RuntimeError(f"preallocated cache full ({self._k.shape[2]} positions)")
+        self._k[:, :, self.length : end].copy_(key_states)
+        self._v[:, :, self.length : end].copy_(value_states)
+        self.length = end
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k = self._k.index_select(0, indices)
+        self._v = self._v.index_select(0, indices)
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._k = self._k.repeat_interleave(repeats, dim=0)
+        self._v = self._v.repeat_interleave(repeats, dim=0)
+        self._views()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.length = max(0, self.length + min(tokens_to_remove, 0))
+        self._views()
+
+
+def sample(
+    model,
+    prompts: Sequence[list[int]],
+    n: int,
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    eos_ids: Sequence[int],
+    device: torch.device,
+    max_batch_sequences: int,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[list[list[int]]]:
+    """``n`` completions of every prompt: ``[prompt][completion] -> token ids``.
+
+    A completion ends with an EOS id iff it finished. If ``should_stop()`` turns true,
+    generation ends after the token being sampled.
+    """
+    out: list[list[list[int]]] = [[] for _ in prompts]
+    stopped = False
+    for chunk in _chunks([len(p) for p in prompts], n, max_batch_sequences):
+        if stopped:  # the caller discards partial results; keep the shape anyway
+            for p, k in chunk:
+                out[p].extend([] for _ in range(k))
+            continue
+        rows, stopped = _sample_chunk(
+            model,
+            [prompts[p] for p, _ in chunk],
+            [k for _, k in chunk],
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_ids=eos_ids,
+            device=device,
+            autocast=autocast,
+            should_stop=should_stop,
+        )
+        i = 0
+        for p, k in chunk:
+            out[p].extend(rows[i : i + k])
+            i += k
+    return out
+
+
+def _chunks(lengths: list[int], n: int, limit: int) -> list[list[tuple[int, int]]]:
+    """Prompts in length order, cut into chunks of at most ``limit`` rows: [(prompt, rows)]."""
+    chunks: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    room = limit
+    for p in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        left = n
+        while left:
+            take = min(left, room)
+            current.append((p, take))
+            left -= take
+            room -= take
+            if room == 0:
+                chunks.append(current)
+                current, room = [], limit
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _sample_chunk(
+    model,
+    prompts: list[list[int]],
+    counts: list[int],
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    eos_ids: Sequence[int],
+    device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    should_stop: Callable[[], bool] | None,
+) -> tuple[list[list[int]], bool]:
+    rows = sum(counts)
+    width = max(len(p) for p in prompts)
+    capacity = width + max_new_tokens
+    row_prompt = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(counts))
+    lengths = torch.tensor([len(prompts[i]) for i in row_prompt.tolist()])
+
+    # 1. Prefill each distinct prompt once, straight into the rows' preallocated cache.
+    first_logits = []
+    buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    start = 0
+    for prompt, count in zip(prompts, counts, strict=True):
+        ids = torch.tensor([prompt], device=device)
+        with autocast():
+            res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        cache = res.cache if hasattr(res, "cache") else res.past_key_values
+        if buffers is None:
+            buffers = [
+                (
+                    layer.keys.new_zeros(
+                        (rows, layer.keys.shape[1], capacity, layer.keys.shape[3])
+                    ),
+                    layer.values.new_zeros(
+                        (rows, layer.values.shape[1], capacity, layer.values.shape[3])
+                    ),
+                )
+                for layer in cache.layers
+            ]
+        offset = width - len(prompt)
+        for (kb, vb), layer in zip(buffers, cache.layers, strict=True):
+            kb[start : start + count, :, offset:width] = layer.keys
+            vb[start : start + count, :, offset:width] = layer.values
+        first_logits.append(res.logits[:, -1].float().expand(count, -1))
+        start += count
+    assert buffers is not None
+    cache = Cache(layers=[_PreallocatedLayer(b, width) for b in buffers])
+    mask = torch.zeros((rows, capacity), dtype=torch.long, device=device)
+    mask[:, :width] = (torch.arange(width) >= (width - lengths)[:, None]).to(device)  # prompts
+    position = lengths.to(device)  # the next token's position, per row
+    logits = torch.cat(first_logits)
+
+    # 2. Decode: sample, append, drop finished rows.
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+    active = torch.arange(rows)  # original row of each batch row
+    done = torch.zeros(rows, dtype=torch.bool)  # per batch row
+    completions: list[list[int]] = [[] for _ in range(rows)]
+    stopped = False
+    for step in range(max_new_tokens):
+        tokens = sample_next(logits, sampling)
+        finished_now = torch.isin(tokens, eos)
+        for r, tok in zip(active[~done].tolist(), tokens[~done.to(device)].tolist(), strict=True):
+            completions[r].append(tok)
+        done |= finished_now.cpu()
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        if int(done.sum()) >= max(1, int(COMPACT_SHARE * len(active))):
+            keep = (~done).nonzero().squeeze(1)
+            keep_dev = keep.to(device)
+            cache.batch_select_indices(keep_dev)
+            mask, position, tokens = mask[keep_dev], position[keep_dev], tokens[keep_dev]
+            active, done = active[keep], done[keep]
+        end = width + step + 1
+        mask[:, end - 1] = 1
+        with autocast():
+            res = model(
+                input_ids=tokens[:, None],
+                attention_mask=mask[:, :end],
+                position_ids=position[:, None],
+                cache=cache,
+                use_cache=True,
+            )
+        logits = res.logits[:, -1].float()
+        position = position + 1
+    return completions, stopped
+
+
+def sample_next(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """One token per row from float32 logits [B, V]."""
+    return draw(torch.softmax(warp(logits, sampling), dim=-1))
+
+
+def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, as transformers' logits warpers (-inf: removed).
+
+    With top-p = 1 and top-k = 0 (the defaults) nothing is sorted.
+    """
+    scores = logits if sampling.temperature == 1.0 else logits / sampling.temperature
+    if sampling.top_k:
+        k = min(sampling.top_k, scores.shape[-1])
+        kth = torch.topk(scores, k).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1 - sampling.top_p)
+        remove[..., -1:] = False
+        scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    return scores
+
+
+def draw(probs: torch.Tensor) -> torch.Tensor:
+    """One index per row of probabilities [B, V], by inverse CDF (same law as multinomial)."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:].contiguous()
+    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * total
+    index = torch.searchsorted(cdf, u, right=True)
+    # u * total can round up to total: take the last token with mass, never one past it.
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.where(index < probs.shape[-1], index, last).squeeze(1)
