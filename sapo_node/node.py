@@ -45,6 +45,7 @@ from sapo_node import __version__, grpo, wire
 from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
+from sapo_node.evaluate import EvalReport, evaluate
 from sapo_node.intake import Intake, Verdict
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
 from sapo_node.net import NetStats, Transport
@@ -198,6 +199,10 @@ class Node:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
         record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
         record.update(self._net_record(published, inbound))
+        if self.config.eval.every and (r + 1) % self.config.eval.every == 0:
+            report = self.evaluate()
+            if not self.stop.is_set():  # a stop cut it short: the round stands without it
+                record.update(report.metrics())
         return record
 
     def run(self) -> int:
@@ -365,6 +370,10 @@ class Node:
             list(pooled.rewards),
             origin=pooled.author,
         )
+
+    def evaluate(self) -> EvalReport:
+        """The held-out evaluation of the current policy (evaluate.py); trains nothing."""
+        return evaluate(self.policy, self.scorer, self.config, should_stop=self.stop.is_set)
 
     def receive(self, data: bytes, author: str) -> Verdict:
         """A peer's message: checked, regenerated and scored by this node, then pooled."""

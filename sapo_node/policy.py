@@ -244,8 +244,10 @@ class Policy:
         *,
         n: int,
         should_stop: Callable[[], bool] | None = None,
+        greedy: bool = False,
     ) -> Generated:
-        """``n`` sampled completions of every prompt, in batched, left-padded calls.
+        """``n`` sampled completions of every prompt, in batched, left-padded calls
+        (``greedy``: the most likely token at each step instead, for evaluation).
 
         If ``should_stop()`` turns true, generation ends at the next token (the caller
         discards the partial result).
@@ -262,7 +264,7 @@ class Policy:
                 seqs = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention,
-                    do_sample=True,
+                    do_sample=not greedy,
                     temperature=settings.temperature,
                     top_p=settings.top_p,
                     top_k=settings.top_k or None,
