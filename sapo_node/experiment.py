@@ -53,6 +53,7 @@ once with one thread each; the report covers every configuration found finished.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -71,6 +72,7 @@ from sapo_node.stats import bootstrap_interval, sign_flip_p, smallest_p, wilson_
 
 log = structlog.get_logger(__name__)
 
+PARKED = "in-flight.json"  # messages between nodes when a run stopped
 SEED_SPACING = 2**40  # node seeds this far apart: their task streams never overlap
 Sampling = Literal["paper", "uniform", "balanced"]
 
@@ -219,26 +221,57 @@ def load_spec(path: Path, overrides: dict[str, Any] | None = None) -> Experiment
 
 
 class Deferred:
-    """A transport whose publications wait for ``flush()``: the lockstep barrier.
+    """A transport whose publications wait for ``flush(r)``: the lockstep barrier.
 
     Every node of round r publishes into its own queue; after all of them ran round r
     the queues are delivered, so every node sees its peers' round r in round r + 1,
-    whatever its place in the order.
+    whatever its place in the order. A stop keeps what is in flight (``park``), and a
+    resume puts it back (``unpark``), so a stopped experiment sees the same messages in
+    the same rounds as one that was never stopped.
     """
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.peer_id = inner.peer_id
-        self._queue: list[bytes] = []
+        self.round = 0  # the round whose publications are being queued
+        self._queue: list[tuple[int, bytes]] = []
 
     def publish(self, data: bytes) -> bool:
-        self._queue.append(data)
+        self._queue.append((self.round, data))
         return True
 
-    def flush(self) -> None:
-        queue, self._queue = self._queue, []
-        for data in queue:
+    def flush(self, round_: int) -> None:
+        """Deliver what was published in rounds up to ``round_``."""
+        due = [d for r, d in self._queue if r <= round_]
+        self._queue = [(r, d) for r, d in self._queue if r > round_]
+        for data in due:
             self.inner.publish(data)
+
+    def discard(self, round_: int) -> None:
+        """Forget the publications of an abandoned round (it is redone on resume)."""
+        self._queue = [(r, d) for r, d in self._queue if r != round_]
+
+    def park(self, path: Path) -> None:
+        """Write what is in flight (queued and received, not yet taken in) to ``path``."""
+        from sapo_node.checkpoint import write_text_atomic
+
+        state = {
+            "outbox": [[r, base64.b64encode(d).decode()] for r, d in self._queue],
+            "inbox": [[m.author, base64.b64encode(m.data).decode()] for m in self.inner.received()],
+        }
+        write_text_atomic(path, json.dumps(state) + "\n")
+
+    def unpark(self, path: Path) -> None:
+        """Put back what ``park`` wrote, then remove the file."""
+        from sapo_node.net import Received
+
+        if not path.exists():
+            return
+        state = json.loads(path.read_text(encoding="utf-8"))
+        self._queue = [(int(r), base64.b64decode(d)) for r, d in state["outbox"]] + self._queue
+        for author, data in state["inbox"]:
+            self.inner._arrive(Received(base64.b64decode(data), author))
+        path.unlink()
 
     def received(self):
         return self.inner.received()
@@ -310,8 +343,25 @@ def run_arm(
     """Run (or continue) every replicate swarm of one configuration; False if stopped."""
     e = spec.experiment
     for rep in range(e.replicates):
-        indices = range(rep * e.nodes, (rep + 1) * e.nodes)
-        if not _run_swarm(spec, a, out, list(indices), stop, progress):
+        indices = list(range(rep * e.nodes, (rep + 1) * e.nodes))
+        if _swarm_done(spec, a, out, indices):
+            continue
+        if not _run_swarm(spec, a, out, indices, stop, progress):
+            return False
+    return True
+
+
+def _swarm_done(spec: ExperimentSpec, a: Arm, out: Path, indices: list[int]) -> bool:
+    """Whether every node of a swarm has its last round checkpointed and evaluated."""
+    from sapo_node.checkpoint import CheckpointStore
+
+    rounds = spec.experiment.rounds
+    for i in indices:
+        d = out / a.dirname / f"node-{i}"
+        latest = CheckpointStore(d).latest() if (d / "checkpoints").exists() else None
+        if latest is None or latest.name != f"round-{rounds:06d}":
+            return False
+        if not any(eval_due(spec, k) and k == rounds for k in EvalLog(d / "eval.jsonl").rounds()):
             return False
     return True
 
@@ -334,6 +384,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 node = Node(config, stop=stop, transport=Deferred(hub.join(f"node-{i}")))
             nodes.append(node)
             node.resume()
+            node.transport.unpark(data_dir / PARKED)
             evals.append(EvalLog(data_dir / "eval.jsonl"))
             evals[-1].keep_up_to(node.round)
         _evaluate_due(spec, nodes, evals, stop, progress, a)
@@ -341,9 +392,11 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             for node in nodes:
                 if node.round != r or stop.is_set():
                     continue
+                node.transport.round = r
                 try:
                     record = node.run_round(r)
                 except Stopped:
+                    node.transport.discard(r)
                     break
                 node.metrics.append(record)
                 node.round += 1
@@ -356,13 +409,14 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             if stop.is_set():
                 return False
             for node in nodes:
-                node.transport.flush()
+                node.transport.flush(r)
             _evaluate_due(spec, nodes, evals, stop, progress, a)
         return not stop.is_set()
     finally:
         for node in nodes:
             if node.round % every != 0 and node.round != rounds:
                 node.save()
+            node.transport.park(node.data_dir / PARKED)
             node.close()
             node.transport.close()
 

@@ -13,7 +13,9 @@ from sapo_node.stats import bootstrap_interval, sign_flip_p, smallest_p, wilson_
 def _naive_p(d: list[float]) -> float:
     obs = abs(sum(d))
     pats = list(itertools.product((1, -1), repeat=len(d)))
-    return sum(abs(sum(s * x for s, x in zip(p, d))) >= obs - 1e-12 for p in pats) / len(pats)
+    return sum(
+        abs(sum(s * x for s, x in zip(p, d, strict=True))) >= obs - 1e-12 for p in pats
+    ) / len(pats)
 
 
 def test_sign_flip_exact_values() -> None:
