@@ -101,11 +101,12 @@ class ExperimentSection(BaseModel):
 
     @model_validator(mode="after")
     def _grid(self) -> ExperimentSection:
-        ratios = [parse_ratio(g) for g in [*self.grid, self.sampling_ratio]]
+        grid = [parse_ratio(g) for g in self.grid]
+        ratios = grid + ([parse_ratio(self.sampling_ratio)] if self.sampling else [])
         totals = {i + j for i, j in ratios}
         if len(totals) != 1:
             raise ValueError(f"I + J must be the same in grid and sampling_ratio, got {totals}")
-        if not any(j == 0 for _, j in ratios[:-1]):
+        if not any(j == 0 for _, j in grid):
             raise ValueError("the grid needs the baseline, a ratio with J = 0 (e.g. '4/0')")
         if len(set(self.grid)) != len(self.grid):
             raise ValueError(f"grid has repeated ratios: {self.grid}")
