@@ -514,6 +514,8 @@ def experiment(
     from sapo_node.checkpoint import CheckpointError
     from sapo_node.node import DataDirInUse
     from sapo_node.policy import ModelLoadError
+    from sapo_node.pool import PoolError
+    from sapo_node.tasks import ScorerUnavailable
 
     stop = threading.Event()
     _on_signals(stop, log)
@@ -523,7 +525,7 @@ def experiment(
         )
     except ConfigError as exc:
         _fail(str(exc))
-    except (ModelLoadError, DataDirInUse, CheckpointError) as exc:
+    except (ModelLoadError, DataDirInUse, CheckpointError, PoolError, ScorerUnavailable) as exc:
         _fail(str(exc))
     typer.echo((out_dir / "results.md").read_text(encoding="utf-8"))
     if not finished:

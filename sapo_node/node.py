@@ -545,3 +545,13 @@ def _log_round(rec: dict[str, Any]) -> None:
         t=f"{rec['t_generate']:.1f}/{rec['t_score']:.1f}/{rec['t_train']:.1f}s",
         rss_mb=round(rec["peak_rss_mb"]),
     )
+    if "eval/pass1" in rec:
+        log.info(
+            "held-out eval",
+            round=rec["round"],
+            pass1=round(rec["eval/pass1"], 3),
+            greedy=round(rec["eval/greedy"], 3),
+            tags=round(rec["eval/answer_tag_rate"], 2),
+            tasks=rec["eval/tasks"],
+            t=f"{rec['eval/seconds']:.1f}s",
+        )
