@@ -388,7 +388,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             node.transport.unpark(data_dir / PARKED)
             evals.append(EvalLog(data_dir / "eval.jsonl"))
             evals[-1].keep_up_to(node.round)
-        _evaluate_due(spec, nodes, evals, stop, progress, a)
+        _evaluate_due(spec, nodes, evals, indices, stop, progress, a)
         for r in range(min(n.round for n in nodes), rounds):
             for node in nodes:
                 if node.round != r or stop.is_set():
@@ -411,7 +411,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 return False
             for node in nodes:
                 node.transport.flush(r)
-            _evaluate_due(spec, nodes, evals, stop, progress, a)
+            _evaluate_due(spec, nodes, evals, indices, stop, progress, a)
         return not stop.is_set()
     finally:
         for node in nodes:
@@ -422,8 +422,8 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             node.transport.close()
 
 
-def _evaluate_due(spec, nodes, evals, stop, progress, a: Arm) -> None:
-    for node, log_ in zip(nodes, evals, strict=True):
+def _evaluate_due(spec, nodes, evals, indices, stop, progress, a: Arm) -> None:
+    for node, log_, index in zip(nodes, evals, indices, strict=True):
         if stop.is_set() or not eval_due(spec, node.round) or node.round in log_.rounds():
             continue
         report = node.evaluate()
@@ -431,7 +431,7 @@ def _evaluate_due(spec, nodes, evals, stop, progress, a: Arm) -> None:
             return
         log_.append({"round": node.round, **report.metrics()})
         progress(
-            f"{a.label} node seed {node.seed} eval after {node.round} rounds: "
+            f"{a.label} node {index} held-out eval after {node.round} rounds: "
             f"greedy {report.metrics()['eval/greedy']:.3f}, "
             f"pass@1 {report.metrics()['eval/pass1']:.3f} ({report.seconds:.1f} s)"
         )
