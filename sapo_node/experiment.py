@@ -635,7 +635,7 @@ def render_table(results: dict[str, Any]) -> str:
             f"| {label} | {c['sampling']} | {c['cumulative_reward']:.2f} | {ratio} "
             f"| {_p(c.get('p_reward'))} | {start} | {_ci(c['heldout_end'], 'greedy')} "
             f"| {_ci(c['heldout_end'], 'pass1')} | {_p(c.get('p_heldout'))} "
-            f"| {c['new_tokens']:,} | {c['node_seconds']:,.0f} |"
+            f"| {c['new_tokens']:,} | {_seconds(c['node_seconds'])} |"
         )
     n = results["pairs"]
     lines += [
@@ -657,6 +657,10 @@ def render_table(results: dict[str, Any]) -> str:
         "configuration).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _seconds(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
 def _p(p: float | None) -> str:
@@ -681,7 +685,8 @@ def plot_results(results: dict[str, Any], out: Path, window: int) -> list[Path]:
             continue
         length = min(len(x) for x in curves)
         mean = [sum(x[r] for x in curves) / len(curves) for r in range(length)]
-        ax.plot(range(length), moving_average(mean, window), label=c["label"])
+        (line,) = ax.plot(range(length), moving_average(mean, window), label=c["label"])
+        ax.plot(range(length), mean, color=line.get_color(), alpha=0.2, lw=0.8)
     ax.set(
         xlabel="round",
         ylabel=f"reward (mean over nodes, moving average {window})",
