@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from sapo_node.cli import main
 from sapo_node.config import ConfigError
 from sapo_node.experiment import ExperimentSpec, arms, load_spec, node_seed, run_experiment
+from tests.support.cli import run_cli
 
 FAMILY = "tests.support.families:Sevens"
 
@@ -53,8 +55,11 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def test_experiment_runs_stops_resumes_and_reports(tiny_model_dir: Path, tmp_path: Path) -> None:
-    spec = load_spec(_spec(tiny_model_dir, tmp_path))
+def test_experiment_runs_stops_resumes_and_reports(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    spec_file = _spec(tiny_model_dir, tmp_path)
+    spec = load_spec(spec_file)
     out = tmp_path / "out"
     stop = threading.Event()
 
@@ -112,6 +117,14 @@ def test_experiment_runs_stops_resumes_and_reports(tiny_model_dir: Path, tmp_pat
     assert "| 2/2 |" in table and "smallest possible p is 0.5" in table
     assert (out / "reward_curves.png").stat().st_size > 0
     assert (out / "heldout.png").stat().st_size > 0
+
+    capsys.readouterr()
+    main(["experiment", str(spec_file), "--out", str(out), "--report-only"])
+    assert "| 1/3 | paper |" in capsys.readouterr().out
+    code, _, err = run_cli(
+        ["experiment", str(spec_file), "--out", str(out), "--only", "5/5"], capsys
+    )
+    assert code == 2 and "no configuration '5/5'" in err
 
 
 def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) -> None:
