@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import fcntl
 import json
 import threading
@@ -281,7 +282,9 @@ class Deferred:
         return self.inner.peers()
 
     def stats(self):
-        return self.inner.stats()
+        # a copy: the in-memory transport hands out its live counters, and the node keeps
+        # the previous round's figures to subtract (bytes_in would always read 0)
+        return dataclasses.replace(self.inner.stats())
 
     def penalise(self, author: str) -> None:
         self.inner.penalise(author)

@@ -93,7 +93,7 @@ def test_experiment_runs_stops_resumes_and_reports(
         for d in ("3-1", "2-2", "1-3")
         for i in range(2)
     ]
-    assert all(r["groups_accepted"] > 0 for r in late)
+    assert all(r["groups_accepted"] > 0 and r["bytes_in"] > 0 for r in late)
     assert sum(r["external_groups"] for r in late) > 0
     assert _rows(out / "4-0" / "node-0" / "metrics.jsonl")[1]["external_groups"] == 0
 
