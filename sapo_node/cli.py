@@ -409,6 +409,130 @@ def plot(
         typer.echo(str(p))
 
 
+@app.command("eval")
+def evaluate_cmd(
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="The node's state directory.")] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="A checkpoint directory (default: the data directory's latest)."),
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="The node's model (as for start).")] = None,
+    device: Annotated[Device | None, typer.Option(help="Compute device.")] = None,
+    tasks: Annotated[int | None, typer.Option(min=1, help="Held-out tasks (eval.tasks).")] = None,
+    samples: Annotated[
+        int | None, typer.Option(min=1, help="Sampled completions per task (eval.samples).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run the held-out evaluation (pass@1 and greedy accuracy per family, on tasks no node
+    trains on) on a node's latest checkpoint, or the one given."""
+    cfg = _config(config, data_dir=data_dir, model=model, device=device)
+    extra = {k: v for k, v in (("tasks", tasks), ("samples", samples)) if v is not None}
+    if extra:
+        try:
+            cfg = cfg.model_copy(
+                update={"eval": cfg.eval.model_validate(cfg.eval.model_dump() | extra)}
+            )
+        except ValueError as exc:
+            raise UsageProblem(str(exc)) from None
+    from sapo_node.checkpoint import CheckpointError
+    from sapo_node.evaluate import evaluate_checkpoint
+    from sapo_node.logs import configure_logging
+    from sapo_node.policy import ModelLoadError
+
+    configure_logging(cfg.node.json_logs)
+    try:
+        report, what = evaluate_checkpoint(cfg, checkpoint)
+    except (ModelLoadError, CheckpointError) as exc:
+        _fail(str(exc))
+    metrics = report.metrics()
+    if as_json:
+        summary = {k: v for k, v in metrics.items() if not k.startswith("eval/per_task")}
+        typer.echo(json.dumps({"evaluated": what, **summary}, indent=2))
+        return
+    typer.echo(f"held-out evaluation of {what}")
+    typer.echo(f"{report.samples} samples per task, {metrics['eval/tasks']} tasks")
+    typer.echo(f"{'family':<28} {'tasks':>5} {'pass@1':>7} {'greedy':>7}")
+    families = sorted({t.family for t in report.tasks})
+    for fam in [*families, None]:
+        n = sum(t.family == fam for t in report.tasks) if fam else len(report.tasks)
+        suffix = f"/{fam}" if fam else ""
+        typer.echo(
+            f"{fam or 'all':<28} {n:>5} {metrics['eval/pass1' + suffix]:>7.3f} "
+            f"{metrics['eval/greedy' + suffix]:>7.3f}"
+        )
+    typer.echo(f"answer-tag rate {metrics['eval/answer_tag_rate']:.3f}, {report.seconds:.1f} s")
+
+
+@app.command()
+def experiment(
+    spec_file: Annotated[
+        Path, typer.Argument(help="Experiment TOML (see configs/experiments/).", dir_okay=False)
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (default: experiment-<file name>).")
+    ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only this configuration, e.g. 2/2 or '2/2 uniform' (repeatable)."),
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds per node.")] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, help="Nodes per swarm.")] = None,
+    threads: Annotated[int | None, typer.Option(min=0, help="torch threads (0: default).")] = None,
+    report_only: Annotated[
+        bool, typer.Option("--report-only", help="Only rewrite the report from OUT's files.")
+    ] = False,
+) -> None:
+    """The controlled comparison of the paper: N nodes per (I, J) configuration in lockstep
+    over the in-memory transport, held-out evaluation at start and end; writes
+    results.json, results.md and the reward curves under OUT. Running it again resumes."""
+    from sapo_node.experiment import load_spec, report, run_experiment
+
+    overrides = {k: v for k, v in (("rounds", rounds), ("nodes", nodes), ("threads", threads)) if v}
+    if threads == 0:
+        overrides["threads"] = 0
+    try:
+        spec = load_spec(spec_file, {"experiment": overrides} if overrides else None)
+        for label in only or []:
+            from sapo_node.experiment import arm
+
+            arm(spec, label)
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
+    out_dir = out or Path(f"experiment-{spec_file.stem}")
+    from sapo_node.logs import configure_logging
+
+    configure_logging(False)
+    import structlog
+
+    log = structlog.get_logger("sapo_node.cli")
+    if report_only:
+        report(spec, out_dir)
+        typer.echo((out_dir / "results.md").read_text(encoding="utf-8"))
+        return
+    from sapo_node.checkpoint import CheckpointError
+    from sapo_node.node import DataDirInUse
+    from sapo_node.policy import ModelLoadError
+    from sapo_node.pool import PoolError
+    from sapo_node.tasks import ScorerUnavailable
+
+    stop = threading.Event()
+    _on_signals(stop, log)
+    try:
+        finished = run_experiment(
+            spec, out_dir, only=only or (), stop=stop, progress=lambda m: log.info(m)
+        )
+    except ConfigError as exc:
+        _fail(str(exc))
+    except (ModelLoadError, DataDirInUse, CheckpointError, PoolError, ScorerUnavailable) as exc:
+        _fail(str(exc))
+    typer.echo((out_dir / "results.md").read_text(encoding="utf-8"))
+    if not finished:
+        typer.echo("stopped: run the same command again to continue", err=True)
+        raise SystemExit(130)
+
+
 @app.command("pool")
 def show_pool(
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,

@@ -406,6 +406,35 @@ class NetSection(_Section):
         return self
 
 
+class EvalSection(_Section):
+    """The held-out evaluation (sapo_node/evaluate.py): a fixed task set that no node
+    ever trains on, scored for pass@1 at the sampling temperature and greedily."""
+
+    every: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Evaluate after every N rounds and record eval/* in metrics.jsonl (0: "
+        "off; on a CPU one evaluation costs about as much as a few rounds).",
+    )
+    tasks: int = Field(
+        32,
+        ge=1,
+        le=2**16,
+        description="Held-out tasks, spread over the families by weight and over their levels.",
+    )
+    samples: int = Field(
+        4, ge=1, le=64, description="Sampled completions per task for pass@1 (their mean)."
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        lt=2**32,
+        description="Which held-out set: sets of different seeds are disjoint from each other "
+        "and from every training stream.",
+    )
+
+
 class Config(_Section):
     """The whole node config."""
 
@@ -418,6 +447,7 @@ class Config(_Section):
     train: TrainSection = Field(default_factory=TrainSection)
     pool: PoolSection = Field(default_factory=PoolSection)
     net: NetSection = Field(default_factory=NetSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
 
     @model_validator(mode="after")
     def _cross(self) -> Config:

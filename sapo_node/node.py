@@ -45,6 +45,7 @@ from sapo_node import __version__, grpo, wire
 from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
+from sapo_node.evaluate import EvalReport, evaluate
 from sapo_node.intake import Intake, Verdict
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
 from sapo_node.net import NetStats, Transport
@@ -230,6 +231,10 @@ class Node:
         record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
         record.update(_age_record(external, self.pool.clock()))
         record.update(self._net_record(published, inbound))
+        if self.config.eval.every and (r + 1) % self.config.eval.every == 0:
+            report = self.evaluate()
+            if not self.stop.is_set():  # a stop cut it short: the round stands without it
+                record.update(report.metrics())
         return record
 
     def run(self) -> int:
@@ -413,6 +418,10 @@ class Node:
             origin=pooled.author,
         )
 
+    def evaluate(self) -> EvalReport:
+        """The held-out evaluation of the current policy (evaluate.py); trains nothing."""
+        return evaluate(self.policy, self.scorer, self.config, should_stop=self.stop.is_set)
+
     def receive(self, data: bytes, author: str) -> Verdict:
         """A peer's message: checked, regenerated and scored by this node, then pooled."""
         return self.intake.receive(data, author)
@@ -595,3 +604,13 @@ def _log_round(rec: dict[str, Any]) -> None:
         t=f"{rec['t_generate']:.1f}/{rec['t_score']:.1f}/{rec['t_train']:.1f}s",
         rss_mb=round(rec["peak_rss_mb"]),
     )
+    if "eval/pass1" in rec:
+        log.info(
+            "held-out eval",
+            round=rec["round"],
+            pass1=round(rec["eval/pass1"], 3),
+            greedy=round(rec["eval/greedy"], 3),
+            tags=round(rec["eval/answer_tag_rate"], 2),
+            tasks=rec["eval/tasks"],
+            t=f"{rec['eval/seconds']:.1f}s",
+        )

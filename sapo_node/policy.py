@@ -273,8 +273,10 @@ class Policy:
         *,
         n: int,
         should_stop: Callable[[], bool] | None = None,
+        greedy: bool = False,
     ) -> Generated:
-        """``n`` sampled completions of every prompt.
+        """``n`` sampled completions of every prompt (``greedy``: the most likely token at
+        each step instead, for evaluation).
 
         Each prompt is prefilled once and its cache shared by its ``n`` completions
         (``sapo_node.decode``); models that path does not support go through
@@ -288,7 +290,9 @@ class Policy:
                 prompts,
                 n,
                 max_new_tokens=settings.max_new_tokens,
-                sampling=decode.Sampling(settings.temperature, settings.top_k, settings.top_p),
+                sampling=decode.Sampling(1.0, 1, 1.0)  # top-1: the argmax, deterministic
+                if greedy
+                else decode.Sampling(settings.temperature, settings.top_k, settings.top_p),
                 eos_ids=self.eos_ids,
                 device=self.device,
                 max_batch_sequences=settings.max_batch_sequences,
@@ -296,7 +300,9 @@ class Policy:
                 should_stop=should_stop,
             )
         else:
-            ids = self.generate_plain(prompts, settings, n=n, should_stop=should_stop)
+            ids = self.generate_plain(
+                prompts, settings, n=n, should_stop=should_stop, greedy=greedy
+            )
         texts = [[self.decode(c) for c in group] for group in ids]
         return Generated(ids, texts, sum(len(c) for g in ids for c in g))
 
@@ -308,6 +314,7 @@ class Policy:
         *,
         n: int,
         should_stop: Callable[[], bool] | None = None,
+        greedy: bool = False,
     ) -> list[list[list[int]]]:
         """The reference path: ``model.generate`` on every row, left-padded, in chunks."""
         stopping = StoppingCriteriaList([_StopFlag(should_stop)] if should_stop else [])
@@ -321,7 +328,7 @@ class Policy:
                 seqs = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention,
-                    do_sample=True,
+                    do_sample=not greedy,
                     temperature=settings.temperature,
                     top_p=settings.top_p,
                     top_k=settings.top_k or None,

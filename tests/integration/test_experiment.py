@@ -1,0 +1,142 @@
+"""The controlled experiment end to end on a tiny model: every configuration through the
+real round loop over the in-memory transport, a stop, a resume that redoes nothing, and
+the report (results.json, results.md, the curves)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from sapo_node.cli import main
+from sapo_node.config import ConfigError
+from sapo_node.experiment import ExperimentSpec, arms, load_spec, node_seed, run_experiment
+from tests.support.cli import run_cli
+
+FAMILY = "tests.support.families:Sevens"
+
+
+def _spec(tiny_model_dir: Path, tmp_path: Path, rounds: int = 2) -> Path:
+    path = tmp_path / "tiny-experiment.toml"
+    path.write_text(
+        f"""
+[experiment]
+nodes = 2
+rounds = {rounds}
+grid = ["4/0", "3/1", "2/2", "1/3"]
+threads = 1
+window = 2
+
+[eval]
+tasks = 2
+samples = 2
+
+[base.model]
+name = "{tiny_model_dir}"
+[base.generation]
+max_new_tokens = 6
+completions_per_task = 4
+[base.tasks]
+system_prompt = "Reply."
+one_shot = false
+reward = "partial"
+families = [{{ name = "{FAMILY}" }}]
+[base.train]
+lr = 1e-2
+micro_batch_size = 32
+"""
+    )
+    return path
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_experiment_runs_stops_resumes_and_reports(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    spec_file = _spec(tiny_model_dir, tmp_path)
+    spec = load_spec(spec_file)
+    out = tmp_path / "out"
+    stop = threading.Event()
+
+    def stop_in_2_2(message: str) -> None:
+        if message.startswith("2/2 node 0 round 0"):
+            stop.set()
+
+    assert not run_experiment(spec, out, stop=stop, progress=stop_in_2_2)
+    partial = json.loads((out / "results.json").read_text())
+    assert [c["label"] for c in partial["configurations"]] == ["4/0", "3/1", "2/2"]
+    assert [c["complete"] for c in partial["configurations"]] == [True, True, False]
+    before = {p: p.read_text() for p in out.glob("*/node-*/metrics.jsonl")}
+    before_evals = {p: p.read_text() for p in out.glob("*/node-*/eval.jsonl")}
+
+    assert run_experiment(spec, out)
+    for path, text in before.items():  # finished rounds are kept, never redone
+        assert path.read_text().startswith(text)
+    for path, text in before_evals.items():
+        assert path.read_text().startswith(text)
+    for a in arms(spec):
+        for i in range(2):
+            d = out / a.dirname / f"node-{i}"
+            rows = _rows(d / "metrics.jsonl")
+            assert [r["round"] for r in rows] == [0, 1]
+            assert [e["round"] for e in _rows(d / "eval.jsonl")] == [0, 2]
+            assert json.loads((d / "node.json").read_text())["seed"] == node_seed(spec, i)
+            assert {r["local_groups"] + r["external_groups"] for r in rows} == {4}
+    # sharing happened over the wire: nodes with J > 0 trained on peers' groups
+    late = [
+        _rows(out / d / f"node-{i}" / "metrics.jsonl")[1]
+        for d in ("3-1", "2-2", "1-3")
+        for i in range(2)
+    ]
+    assert all(r["groups_accepted"] > 0 and r["bytes_in"] > 0 for r in late)
+    assert sum(r["external_groups"] for r in late) > 0
+    assert _rows(out / "4-0" / "node-0" / "metrics.jsonl")[1]["external_groups"] == 0
+
+    results = json.loads((out / "results.json").read_text())
+    confs = {c["label"]: c for c in results["configurations"]}
+    assert set(confs) == {"4/0", "3/1", "2/2", "1/3"} and all(c["complete"] for c in confs.values())
+    assert confs["4/0"]["ratio"] == pytest.approx(1.0)
+    for label, c in confs.items():
+        total = sum(
+            r["reward_mean"]
+            for i in range(2)
+            for r in _rows(out / label.replace("/", "-") / f"node-{i}" / "metrics.jsonl")
+        )
+        assert c["cumulative_reward"] == pytest.approx(total)
+        assert c["new_tokens"] > 0 and c["node_seconds"] > 0
+        assert 0 <= c["heldout_end"]["greedy_ci95"][0] <= c["heldout_end"]["greedy_ci95"][1] <= 1
+        if label != "4/0":
+            assert 0 < c["p_reward"] <= 1 and "p_heldout" in c
+    assert results["pairs"] == 2 and results["smallest_p"] == 0.5
+    table = (out / "results.md").read_text()
+    assert "| 2/2 |" in table and "smallest possible p is 0.5" in table
+    assert (out / "reward_curves.png").stat().st_size > 0
+    assert (out / "heldout.png").stat().st_size > 0
+
+    capsys.readouterr()
+    main(["experiment", str(spec_file), "--out", str(out), "--report-only"])
+    assert "| 1/3 | paper |" in capsys.readouterr().out
+    code, _, err = run_cli(
+        ["experiment", str(spec_file), "--out", str(out), "--only", "5/5"], capsys
+    )
+    assert code == 2 and "no configuration '5/5'" in err
+
+
+def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    for path in sorted((Path(__file__).parents[2] / "configs" / "experiments").glob("*.toml")):
+        spec = load_spec(path)
+        assert any(a.external == 0 for a in arms(spec))
+    good = _spec(tiny_model_dir, tmp_path)
+    with pytest.raises(ConfigError, match="I \\+ J"):
+        load_spec(good, {"experiment": {"grid": ["4/0", "2/1"]}})
+    with pytest.raises(ConfigError, match="J = 0"):
+        load_spec(good, {"experiment": {"grid": ["3/1", "2/2"]}})
+    with pytest.raises(ConfigError, match="base"):
+        load_spec(good, {"base": {"train": {"lr": -1}}})
+    spec = ExperimentSpec.model_validate({"experiment": {"sampling": ["uniform"]}})
+    assert [a.dirname for a in arms(spec)][-1] == "2-2-uniform"
