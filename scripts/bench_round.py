@@ -241,9 +241,14 @@ def measure_training(args: argparse.Namespace) -> None:
     trainer = Trainer(policy, s, new, cfg.generation.temperature)
     params = trainer.params
 
+    start = time.perf_counter()
     trainer.gradients(samples)
+    t_new = time.perf_counter() - start
     shared = [p.grad.clone() for p in params]
+    start = time.perf_counter()
     unshared_backward(policy, samples, s, new)
+    t_old = time.perf_counter() - start
+    print(f"  forward+backward only: old {t_old:.2f} s, new {t_new:.2f} s", flush=True)
     diff = max(float((a - p.grad).abs().max()) for a, p in zip(shared, params, strict=True))
     scale = max(float(p.grad.abs().max()) for p in params)
     del shared
@@ -266,6 +271,7 @@ def measure_training(args: argparse.Namespace) -> None:
     for _ in range(args.repeats):  # interleaved, best of N: the machine is noisy
         times["old"].append(old_step())
         times["new"].append(new_step())
+        print(f"  step: old {times['old'][-1]:.2f} s, new {times['new'][-1]:.2f} s", flush=True)
     best = {k: min(v) for k, v in times.items()}
     print(
         f"  s/step: old (unshared) {best['old']:.2f}, new (shared prompts) {best['new']:.2f}, "
