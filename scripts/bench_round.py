@@ -12,9 +12,17 @@ Prints, for the same batch on the same machine, in one process, interleaved:
      left-padded batch; with ``--profile-step``, where a decode step's time goes.
   2. a few real rounds of a Node: the share of wall time per round spent
      outside generate/score/train, and the peak RSS.
+  3. training: seconds per training step (forward, backward, clip, AdamW step) of the
+     node's path (each prompt once per micro-batch, its KV cache shared by its completions)
+     vs the previous unshared step (each row carrying its prompt, tests/support/unshared.py)
+     on the same samples, interleaved, and the max abs difference of their gradients.
+     ``--rss-step new|old`` instead runs one training step alone and prints the peak RSS
+     (run it in a fresh process per path).
 
 Usage: python scripts/bench_round.py [--data-dir DIR] [--rounds 3] [--repeats 2]
        [--profile-step] [--skip-rounds]
+       python scripts/bench_round.py --training-only [--repeats 3]
+       python scripts/bench_round.py --rss-step new
 """
 
 from __future__ import annotations
@@ -38,14 +46,22 @@ def main() -> None:
         "--profile-step", action="store_true", help="Also profile one decode step by operator."
     )
     parser.add_argument("--skip-rounds", action="store_true", help="Only the generation part.")
+    parser.add_argument("--training-only", action="store_true")
+    parser.add_argument("--rss-step", choices=["new", "old"])
     args = parser.parse_args()
 
     from sapo_node.logs import configure_logging
 
     configure_logging()
-    measure_generation(args)
+    if args.rss_step:
+        measure_training_rss(args)
+        return
+    if not args.training_only:
+        measure_generation(args)
+        if not args.skip_rounds:
+            measure_rounds(args)
     if not args.skip_rounds:
-        measure_rounds(args)
+        measure_training(args)
 
 
 def measure_generation(args: argparse.Namespace) -> None:
@@ -295,6 +311,132 @@ def measure_rounds(args: argparse.Namespace) -> None:
         )
     print(f"share of round time outside generate/score/train: {100 * (1 - inside / wall):.2f}%")
     print(f"peak RSS: {max(r['peak_rss_mb'] for r in rows):.0f} MiB")
+
+
+def _repo_on_path() -> None:
+    """Make ``tests.support`` (the unshared reference step) importable."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _training_setup(args: argparse.Namespace):
+    """The embedded model and a default-shaped round: 4 real prompts x 8 completions.
+
+    Completions are random ordinary tokens of 18-42 tokens (~30, like real ones); the
+    advantages are those of random 0/1 rewards, so every group has signal.
+    """
+    from sapo_node import grpo
+    from sapo_node.config import load_config
+    from sapo_node.curriculum import Curriculum
+    from sapo_node.policy import load_policy
+    from sapo_node.tasks import build_messages, make_task
+    from sapo_node.trainer import Sample
+
+    cfg = load_config(environ={})
+    policy = load_policy(
+        "embedded",
+        device="cpu",
+        dtype="auto",
+        lora=cfg.model.lora,
+        cache_dir=args.data_dir / "models",
+    )
+    curriculum = Curriculum(cfg.tasks.families, cfg.curriculum)
+    tasks = [make_task(r) for r in curriculum.sample(seed=7, round_=0, count=4)]
+    g = torch.Generator().manual_seed(0)
+    n = cfg.generation.completions_per_task
+    samples = []
+    for t in tasks:
+        prompt = policy.encode_chat(
+            build_messages(t.question, cfg.tasks.system_prompt, cfg.tasks.one_shot)
+        )
+        rewards = torch.tensor([[1.0, 0.0] * (n // 2)])[:, torch.randperm(n, generator=g)]
+        adv = grpo.group_advantages(rewards)[0].tolist()
+        for a in adv:
+            length = int(torch.randint(18, 43, (1,), generator=g))
+            ids = torch.randint(100, policy.tokenizer.vocab_size, (length,), generator=g)
+            samples.append(Sample(prompt, ids.tolist(), a))
+    return cfg, policy, samples
+
+
+def measure_training(args: argparse.Namespace) -> None:
+    _repo_on_path()
+    from sapo_node.trainer import Trainer
+    from tests.support.unshared import unshared_backward
+
+    cfg, policy, samples = _training_setup(args)
+    s, new = cfg.train, cfg.generation.max_new_tokens
+    prompt_tokens = sum(len(x.prompt_ids) for x in samples)
+    completion_tokens = sum(len(x.completion_ids) for x in samples)
+    groups = len({tuple(x.prompt_ids) for x in samples})
+    dup = (prompt_tokens - prompt_tokens * groups // len(samples)) / (
+        prompt_tokens + completion_tokens
+    )
+    print(
+        f"training: {len(samples)} rows, prompts {len(samples[0].prompt_ids)} tokens, "
+        f"completions {completion_tokens / len(samples):.1f} tokens on average, "
+        f"micro_batch_size {s.micro_batch_size}; duplicate prompt tokens in the unshared "
+        f"step: {100 * dup:.0f}%"
+    )
+    trainer = Trainer(policy, s, new, cfg.generation.temperature)
+    params = trainer.params
+
+    start = time.perf_counter()
+    trainer.gradients(samples)
+    t_new = time.perf_counter() - start
+    shared = [p.grad.clone() for p in params]
+    start = time.perf_counter()
+    unshared_backward(policy, samples, s, new)
+    t_old = time.perf_counter() - start
+    print(f"  forward+backward only: old {t_old:.2f} s, new {t_new:.2f} s", flush=True)
+    diff = max(float((a - p.grad).abs().max()) for a, p in zip(shared, params, strict=True))
+    scale = max(float(p.grad.abs().max()) for p in params)
+    del shared
+    print(f"  max abs gradient difference new vs old: {diff:.2e} (largest gradient {scale:.2e})")
+
+    def old_step() -> float:
+        start = time.perf_counter()
+        unshared_backward(policy, samples, s, new)
+        torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    def new_step() -> float:
+        start = time.perf_counter()
+        trainer.step(samples)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    for _ in range(args.repeats):  # interleaved, best of N: the machine is noisy
+        times["old"].append(old_step())
+        times["new"].append(new_step())
+        print(f"  step: old {times['old'][-1]:.2f} s, new {times['new'][-1]:.2f} s", flush=True)
+    best = {k: min(v) for k, v in times.items()}
+    print(
+        f"  s/step: old (unshared) {best['old']:.2f}, new (shared prompts) {best['new']:.2f}, "
+        f"ratio {best['old'] / best['new']:.2f}x   (all: {times})"
+    )
+
+
+def measure_training_rss(args: argparse.Namespace) -> None:
+    import resource
+
+    _repo_on_path()
+    from sapo_node.trainer import Trainer
+    from tests.support.unshared import unshared_backward
+
+    cfg, policy, samples = _training_setup(args)
+    trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.rss_step == "new":
+        trainer.step(samples)
+    else:
+        unshared_backward(policy, samples, cfg.train, cfg.generation.max_new_tokens)
+        torch.nn.utils.clip_grad_norm_(trainer.params, cfg.train.grad_clip)
+        trainer.optimizer.step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{args.rss_step}: peak RSS {peak:.0f} MiB (after loading: {before:.0f} MiB)")
 
 
 if __name__ == "__main__":
