@@ -3,6 +3,7 @@ the others publish, with the author's name; no sockets, no threads."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from sapo_node.net import Inbox, NetStats, Received
@@ -67,7 +68,7 @@ class MemoryTransport:
     def stats(self) -> NetStats:
         self._stats.peers = self.peers()
         self._stats.inbox_dropped = self._inbox.dropped
-        return self._stats
+        return dataclasses.replace(self._stats)  # a snapshot: callers diff two of them
 
     def penalise(self, author: str) -> None:
         self.penalised.append(author)

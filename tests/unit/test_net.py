@@ -89,6 +89,9 @@ def test_memory_hub_delivers_to_the_others_with_the_author():
     assert a.stats().published == 1 and a.stats().bytes_out == 5
     assert b.stats().received == 1 and b.stats().bytes_in == 5
     assert isinstance(b.stats(), NetStats) and b.stats().peers == 2
+    before = b.stats()  # a snapshot, so that a node's per-round difference is not always 0
+    a.publish(b"again")
+    assert b.stats().bytes_in - before.bytes_in == 5
 
 
 def test_memory_transport_close_penalise_and_inbox_bound():
