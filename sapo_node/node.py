@@ -16,7 +16,12 @@ Departures from the paper, and why:
 - External groups are taken at the start of the round, not after generation, so that
   missing external slots are filled with own tasks in the same batched generate call.
 - Groups whose rewards are all equal are dropped before the update: their advantage
-  is zero, so they would cost a forward/backward pass for no gradient.
+  is zero, so they would cost a forward/backward pass for no gradient. The loss is still
+  normalised over the whole round's batch (all I + J groups), so that dropping them
+  does not rescale the step (``TrainingSet``).
+- A peer's completion is trained as this node would have written it: re-tokenised, cut
+  to this node's token limit, closed with its end-of-turn token only if the peer says it
+  finished, and scored as cut (intake.py), so its reward is earned by what is trained.
 - A curriculum moves each family's difficulty (the paper fixed it): the small models
   this daemon targets get no reward at all at ReasoningGym's default difficulty.
 - Seeds derive from (node seed, round), so a resumed node replays the same stream.
