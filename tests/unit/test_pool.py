@@ -451,6 +451,6 @@ def test_the_in_memory_mirror_matches_the_file(tmp_path: Path) -> None:
     keys = sorted(k for (k,) in pool._db.execute("SELECT key FROM groups"))
     assert sorted(pool._index) == keys
     pool.close()
-    reopened = make_pool(tmp_path / "p.sqlite3", clock)
+    reopened = make_pool(tmp_path / "p.sqlite3", clock, max_age_s=600.0)  # the same bound
     assert (len(reopened), reopened.size_bytes()) == (n, size)
     reopened.close()
