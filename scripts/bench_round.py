@@ -64,16 +64,14 @@ def main() -> None:
         measure_training(args)
 
 
-def measure_generation(args: argparse.Namespace) -> None:
-    """Generation: the node's path (decode.py) against plain generate and the GEMM bound."""
-    from sapo_node import decode
+def _default_prompts(args: argparse.Namespace):
+    """The default config, the embedded model, and the chat prompts of 4 real tasks."""
     from sapo_node.config import load_config
     from sapo_node.curriculum import Curriculum
     from sapo_node.policy import load_policy
     from sapo_node.tasks import build_messages, make_task
 
     cfg = load_config(environ={})
-    gen = cfg.generation
     policy = load_policy(
         "embedded",
         device="cpu",
@@ -83,10 +81,20 @@ def measure_generation(args: argparse.Namespace) -> None:
     )
     curriculum = Curriculum(cfg.tasks.families, cfg.curriculum)
     tasks = [make_task(r) for r in curriculum.sample(seed=7, round_=0, count=4)]
+    t = cfg.tasks
     prompts = [
-        policy.encode_chat(build_messages(t.question, cfg.tasks.system_prompt, cfg.tasks.one_shot))
-        for t in tasks
+        policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
+        for task in tasks
     ]
+    return cfg, policy, prompts
+
+
+def measure_generation(args: argparse.Namespace) -> None:
+    """Generation: the node's path (decode.py) against plain generate and the GEMM bound."""
+    from sapo_node import decode
+
+    cfg, policy, prompts = _default_prompts(args)
+    gen = cfg.generation
     n, new = gen.completions_per_task, gen.max_new_tokens
     rows = len(prompts) * n
     model, tok = policy.model.eval(), policy.tokenizer
@@ -327,29 +335,13 @@ def _training_setup(args: argparse.Namespace):
     advantages are those of random 0/1 rewards, so every group has signal.
     """
     from sapo_node import grpo
-    from sapo_node.config import load_config
-    from sapo_node.curriculum import Curriculum
-    from sapo_node.policy import load_policy
-    from sapo_node.tasks import build_messages, make_task
     from sapo_node.trainer import Sample
 
-    cfg = load_config(environ={})
-    policy = load_policy(
-        "embedded",
-        device="cpu",
-        dtype="auto",
-        lora=cfg.model.lora,
-        cache_dir=args.data_dir / "models",
-    )
-    curriculum = Curriculum(cfg.tasks.families, cfg.curriculum)
-    tasks = [make_task(r) for r in curriculum.sample(seed=7, round_=0, count=4)]
+    cfg, policy, prompts = _default_prompts(args)
     g = torch.Generator().manual_seed(0)
     n = cfg.generation.completions_per_task
     samples = []
-    for t in tasks:
-        prompt = policy.encode_chat(
-            build_messages(t.question, cfg.tasks.system_prompt, cfg.tasks.one_shot)
-        )
+    for prompt in prompts:
         rewards = torch.tensor([[1.0, 0.0] * (n // 2)])[:, torch.randperm(n, generator=g)]
         adv = grpo.group_advantages(rewards)[0].tolist()
         for a in adv:
