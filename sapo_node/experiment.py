@@ -21,6 +21,9 @@ Experiment file (TOML), every key optional but ``grid``::
     grid = ["4/0", "3/1", "2/2", "1/3"] # I/J, I + J the same; one must have J = 0
     sampling = ["uniform"]              # other pool.sampling policies, at ...
     sampling_ratio = "2/2"              # ... this I/J (the grid's use base pool.sampling)
+    solver = []                         # accuracies: each adds a configuration at ...
+    solver_ratio = "2/2"                # ... this I/J whose swarm has a solver member too
+    solver_groups = 4                   # groups the solver member shares a round
     seed = 1000                         # node i of replicate k: seed + (k * N + i) * 2**40
     replicates = 1                      # independent swarms per configuration
     threads = 1                         # torch threads of the process (0: torch's default)
@@ -44,6 +47,7 @@ Output under OUT::
     OUT/results.md                      the table, like the paper's, with its notes
     OUT/reward_curves.png               mean reward per round, moving average
     OUT/heldout.png                     held-out accuracy at each evaluation
+    OUT/answer_format.png               share of own completions in the answer format
 
 Resuming: running the same command again continues each node from its checkpoint;
 rounds in metrics.jsonl and evaluations in eval.jsonl up to the checkpoint are not
@@ -75,6 +79,7 @@ log = structlog.get_logger(__name__)
 
 PARKED = "in-flight.json"  # messages between nodes when a run stopped
 SEED_SPACING = 2**40  # node seeds this far apart: their task streams never overlap
+SOLVER_INDEX = 10**6  # the solver member of replicate k has the seed of node SOLVER_INDEX + k
 Sampling = Literal["paper", "uniform", "balanced"]
 
 
@@ -94,6 +99,13 @@ class ExperimentSection(BaseModel):
         default_factory=list, description="Other pool sampling policies, run at sampling_ratio."
     )
     sampling_ratio: str = Field("2/2", description="The I/J of the sampling configurations.")
+    solver: list[float] = Field(
+        default_factory=list,
+        description="Accuracies of a solver member (solver.py); each adds a configuration at "
+        "solver_ratio whose swarm has one, besides its nodes.",
+    )
+    solver_ratio: str = Field("2/2", description="The I/J of the solver configurations.")
+    solver_groups: int = Field(4, ge=1, le=64, description="Groups the solver shares a round.")
     seed: int = Field(1000, ge=0, lt=2**40, description="Base of the node seeds.")
     replicates: int = Field(1, ge=1, le=64, description="Independent swarms per configuration.")
     threads: int = Field(1, ge=0, le=1024, description="torch threads (0: torch's default).")
@@ -104,6 +116,14 @@ class ExperimentSection(BaseModel):
     def _grid(self) -> ExperimentSection:
         grid = [parse_ratio(g) for g in self.grid]
         ratios = grid + ([parse_ratio(self.sampling_ratio)] if self.sampling else [])
+        if self.solver:
+            ratios.append(parse_ratio(self.solver_ratio))
+            if parse_ratio(self.solver_ratio)[1] == 0:
+                raise ValueError("solver_ratio needs J >= 1: with J = 0 nodes take nothing shared")
+            if any(not 0.0 <= p <= 1.0 for p in self.solver) or len(set(self.solver)) != len(
+                self.solver
+            ):
+                raise ValueError(f"solver accuracies must be distinct, in [0, 1]: {self.solver}")
         totals = {i + j for i, j in ratios}
         if len(totals) != 1:
             raise ValueError(f"I + J must be the same in grid and sampling_ratio, got {totals}")
@@ -148,14 +168,21 @@ def parse_ratio(text: str) -> tuple[int, int]:
 class Arm:
     """One configuration of the experiment."""
 
-    label: str  # "2/2" or "2/2 uniform"
+    label: str  # "2/2", "2/2 uniform" or "2/2 solver 0.8"
     local: int
     external: int
     sampling: str | None  # None: the base config's pool.sampling
+    solver: float | None = None  # the accuracy of the swarm's solver member, if it has one
+
+    @property
+    def ratio(self) -> str:
+        return f"{self.local}/{self.external}"
 
     @property
     def dirname(self) -> str:
         name = f"{self.local}-{self.external}"
+        if self.solver is not None:
+            return f"{name}-solver-{self.solver:g}"
         return f"{name}-{self.sampling}" if self.sampling else name
 
 
@@ -164,6 +191,10 @@ def arms(spec: ExperimentSpec) -> list[Arm]:
     e = spec.experiment
     out = [Arm(g, *parse_ratio(g), None) for g in e.grid]
     out += [Arm(f"{e.sampling_ratio} {s}", *parse_ratio(e.sampling_ratio), s) for s in e.sampling]
+    out += [
+        Arm(f"{e.solver_ratio} solver {p:g}", *parse_ratio(e.solver_ratio), None, p)
+        for p in e.solver
+    ]
     return out
 
 
@@ -370,15 +401,64 @@ def _swarm_done(spec: ExperimentSpec, a: Arm, out: Path, indices: list[int]) -> 
     return True
 
 
+class SolverMember:
+    """A swarm's member that trains nothing and runs no model: every round it shares
+    ``groups`` tasks of the nodes' curriculum, solved by solver.py, each line checked as
+    ``sapo-node share`` checks it (share.py) and sent as the bytes that were checked.
+    Stateless but for its seed: round r's groups are the same however often it resumes."""
+
+    def __init__(self, config: Config, seed: int, accuracy: float, groups: int, transport):
+        from sapo_node.curriculum import Curriculum
+        from sapo_node.share import Checker
+
+        self.config, self.seed, self.accuracy, self.groups = config, seed, accuracy, groups
+        self.curriculum = Curriculum(config.tasks.families, config.curriculum)
+        self.transport = transport
+        self.checker = Checker(config, transport.peer_id)
+
+    def run_round(self, r: int) -> int:
+        """Share round r's groups; returns how many were sent."""
+        from sapo_node.share import line_of
+        from sapo_node.solver import solve_round
+
+        n = self.config.generation.completions_per_task
+        sent = 0
+        self.transport.round = r
+        for task, texts in solve_round(self.curriculum, self.seed, r, self.groups, n, self.accuracy):
+            checked = self.checker.check(
+                line_of(task.ref, texts, model=f"solver-{self.accuracy:g}"), r
+            )
+            if not checked.ok:  # a solver answer this node's own checks refuse: say so
+                log.warning("solver group refused", reason=checked.reason, detail=checked.detail)
+                continue
+            sent += self.transport.publish(checked.data)
+        return sent
+
+    def close(self) -> None:
+        self.checker.close()
+        self.transport.close()
+
+
 def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> bool:
     from sapo_node.net.memory import MemoryHub
     from sapo_node.node import Node, Stopped
 
-    rounds, every = spec.experiment.rounds, spec.experiment.checkpoint_every
+    e = spec.experiment
+    rounds, every = e.rounds, e.checkpoint_every
     hub = MemoryHub()
     nodes: list[Node] = []
     evals: list[EvalLog] = []
+    solver: SolverMember | None = None
     try:
+        if a.solver is not None:
+            replicate = indices[0] // e.nodes
+            solver = SolverMember(
+                node_config(spec, a, indices[0], out),
+                node_seed(spec, SOLVER_INDEX + replicate),
+                a.solver,
+                e.solver_groups,
+                Deferred(hub.join(f"solver-{replicate}")),
+            )
         for i in indices:
             config = node_config(spec, a, i, out)
             data_dir = config.node.resolved_data_dir()
@@ -412,6 +492,9 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 )
             if stop.is_set():
                 return False
+            if solver is not None:
+                solver.run_round(r)
+                solver.transport.flush(r)
             for node in nodes:
                 node.transport.flush(r)
             _evaluate_due(spec, nodes, evals, indices, stop, progress, a)
@@ -423,6 +506,8 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             node.transport.park(node.data_dir / PARKED)
             node.close()
             node.transport.close()
+        if solver is not None:
+            solver.close()
 
 
 def _evaluate_due(spec, nodes, evals, indices, stop, progress, a: Arm) -> None:
@@ -470,11 +555,13 @@ def check_resumable(spec: ExperimentSpec, out: Path) -> None:
     if path.exists():
         theirs = json.loads(path.read_text(encoding="utf-8"))
         a, b = dict(theirs), dict(mine)
+        older = set(b["experiment"]) - set(a["experiment"])  # keys added since it was written
         for d in (a, b):
             d["experiment"] = {
                 k: v
                 for k, v in d["experiment"].items()
-                if k not in ("rounds", "threads", "window", "sampling", "grid")
+                if k not in ("rounds", "threads", "window", "sampling", "grid", "solver")
+                and k not in older
             }
         if a != b:
             diff = sorted(
@@ -503,6 +590,9 @@ def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]
         "rounds": len(done),
         "cumulative_reward": sum(r["reward_mean"] for r in done),
         "rewards": [r["reward_mean"] for r in sorted(done, key=lambda r: r["round"])],
+        "format_rates": [
+            r.get("answer_tag_rate", 0.0) for r in sorted(done, key=lambda r: r["round"])
+        ],
         "new_tokens": sum(r.get("new_tokens", 0) for r in done),
         "node_seconds": sum(r.get("t_round", 0.0) for r in done),
         "eval_start": _eval_brief(start),
@@ -546,12 +636,36 @@ def heldout_summary(nodes: Sequence[dict[str, Any]], which: str) -> dict[str, An
     }
 
 
+FORMAT_WINDOW = 10  # the early rounds over which the answer-format rate is compared
+FORMAT_TARGET = 0.9  # "has the format": this share of a round's own completions
+
+
+def format_summary(nodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How fast the nodes wrote in the answer format: the mean rate over the first
+    rounds, and the first round where the nodes' mean rate reached FORMAT_TARGET.
+
+    >>> format_summary([{"format_rates": [0.5, 1, 1]}, {"format_rates": [0.25, 0.75, 1]}])
+    {'early': 0.75, 'first_round_at_target': 2, 'curve': [0.375, 0.875, 1.0]}
+    """
+    curves = [n["format_rates"] for n in nodes if n.get("format_rates")]
+    if not curves:
+        return {"early": None, "first_round_at_target": None, "curve": []}
+    length = min(len(c) for c in curves)
+    curve = [sum(c[r] for c in curves) / len(curves) for r in range(length)]
+    early = curve[:FORMAT_WINDOW]
+    first = next((r for r, x in enumerate(curve) if x >= FORMAT_TARGET), None)
+    return {"early": sum(early) / len(early), "first_round_at_target": first, "curve": curve}
+
+
 def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The results: per configuration (label -> node summaries, in node order) the totals,
-    ratio to J = 0 and paired sign-flip tests against J = 0 by node seed."""
+    ratio to J = 0 and paired sign-flip tests against J = 0 by node seed; a configuration
+    with a solver member is also tested against the same I/J without one."""
     rounds = spec.experiment.rounds
     order = [a for a in arms(spec) if a.label in data]
-    baseline = next((a for a in order if a.external == 0 and a.sampling is None), None)
+    baseline = next(
+        (a for a in order if a.external == 0 and a.sampling is None and a.solver is None), None
+    )
     base_nodes = data.get(baseline.label) if baseline else None
     out: dict[str, Any] = {"rounds": rounds, "configurations": []}
     for a in order:
@@ -570,10 +684,18 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
             "node_seconds": sum(n["node_seconds"] for n in nodes),
             "heldout_start": heldout_summary(nodes, "eval_start"),
             "heldout_end": heldout_summary(nodes, "eval_end"),
+            "format": format_summary(nodes),
+            "solver": a.solver,
             "nodes": nodes,
         }
         if base_nodes is not None and a is not baseline:
             entry |= _versus(nodes, base_nodes)
+        plain = next(
+            (p for p in order if p.ratio == a.ratio and p.sampling is None and p.solver is None),
+            None,
+        )
+        if a.solver is not None and plain is not None:
+            entry["versus_plain"] = {"label": plain.label, **_versus(nodes, data[plain.label])}
         out["configurations"].append(entry)
     base_total = next(
         (
@@ -629,9 +751,7 @@ def render_table(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in results["configurations"]:
-        label = c["label"].split(" ")[0] + (
-            "" if c["complete"] else f" ({c['rounds_done']} rounds)"
-        )
+        label = _label(c) + ("" if c["complete"] else f" ({c['rounds_done']} rounds)")
         ratio = f"{c['ratio']:.2f}x" if c.get("ratio") is not None else "–"
         start = _pct(c["heldout_start"]["greedy"]) if c["heldout_start"] else "–"
         lines.append(
@@ -659,7 +779,55 @@ def render_table(results: dict[str, Any]) -> str:
         "rounds, summed over nodes (evaluation excluded; it is the same for every "
         "configuration).",
     ]
+    lines += _format_table(results)
     return "\n".join(lines) + "\n"
+
+
+def _label(c: dict[str, Any]) -> str:
+    ratio = c["label"].split(" ")[0]
+    return f"{ratio} + solver ({c['solver']:g})" if c.get("solver") is not None else ratio
+
+
+def _format_table(results: dict[str, Any]) -> list[str]:
+    """The answer format of the nodes' own completions, and the solver comparisons."""
+    lines = [
+        "",
+        "## Answer format and the solver member",
+        "",
+        f"| I / J | sampling | format rate, rounds 0-{FORMAT_WINDOW - 1} "
+        f"| first round at {_pct(FORMAT_TARGET)} | vs same I/J without solver: "
+        "reward diff (p) | held-out diff (p) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in results["configurations"]:
+        f = c.get("format") or {}
+        early = _pct(f["early"]) if f.get("early") is not None else "–"
+        first = f.get("first_round_at_target")
+        versus = c.get("versus_plain")
+        if versus:
+            reward = f"{sum(versus['diff_reward']):+.2f} ({_p(versus['p_reward'])})"
+            held = (
+                f"{100 * sum(versus['diff_heldout']) / len(versus['diff_heldout']):+.1f} pt "
+                f"({_p(versus['p_heldout'])})"
+                if versus.get("diff_heldout")
+                else "–"
+            )
+        else:
+            reward = held = "–"
+        lines.append(
+            f"| {_label(c)} | {c['sampling']} | {early} | {'never' if first is None else first} "
+            f"| {reward} | {held} |"
+        )
+    lines += [
+        "",
+        "- Format rate: share of the nodes' own completions with a complete "
+        "`<answer>...</answer>` (mean over nodes per round). A solver member (solver.py) "
+        "shares groups in that format with the given accuracy; the nodes train on them only "
+        "through the pool, like any peer's.",
+        "- vs same I/J: paired by node seed, the sum over nodes of the cumulative-reward "
+        "difference and the mean final held-out greedy difference, with the sign-flip p.",
+    ]
+    return lines
 
 
 def _seconds(x: float) -> str:
@@ -712,6 +880,21 @@ def plot_results(results: dict[str, Any], out: Path, window: int) -> list[Path]:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     written.append(_save(fig, out / "heldout.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in results["configurations"]:
+        curve = (c.get("format") or {}).get("curve") or []
+        if curve:
+            ax.plot(range(len(curve)), curve, label=_label(c))
+    ax.set(
+        xlabel="round",
+        ylabel="own completions in the answer format",
+        title="Answer format (mean over nodes)",
+        ylim=(0, 1.02),
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    written.append(_save(fig, out / "answer_format.png"))
     return written
 
 

@@ -164,7 +164,12 @@ class Rejection:
 
 
 class EncodeError(ValueError):
-    """This node tried to send something the protocol does not allow."""
+    """This node tried to send something the protocol does not allow; ``reason`` is the
+    code a receiver would refuse it with."""
+
+    def __init__(self, message: str, reason: str = MALFORMED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def encode(group: RolloutGroup) -> bytes:
@@ -177,7 +182,7 @@ def encode(group: RolloutGroup) -> bytes:
         raise EncodeError(f"cannot encode: {exc}") from None
     checked = decode(data)
     if isinstance(checked, Rejection):
-        raise EncodeError(f"{checked.reason}: {checked.detail}")
+        raise EncodeError(f"{checked.reason}: {checked.detail}", checked.reason)
     return data
 
 

@@ -142,3 +142,40 @@ def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) ->
         load_spec(good, {"base": {"train": {"lr": -1}}})
     spec = ExperimentSpec.model_validate({"experiment": {"sampling": ["uniform"]}})
     assert [a.dirname for a in arms(spec)][-1] == "2-2-uniform"
+
+
+def test_a_solver_member_shares_checked_groups_that_the_nodes_train_on(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    spec = load_spec(
+        _spec(tiny_model_dir, tmp_path),
+        {"experiment": {"grid": ["4/0", "2/2"], "solver": [0.5], "solver_groups": 3}},
+    )
+    assert [a.label for a in arms(spec)] == ["4/0", "2/2", "2/2 solver 0.5"]
+    out = tmp_path / "out"
+    assert run_experiment(spec, out, only=["2/2", "2/2 solver 0.5"])
+
+    from sapo_node.pool import Pool
+
+    solver_dir = out / "2-2-solver-0.5"
+    for i in range(2):
+        rows = _rows(solver_dir / f"node-{i}" / "metrics.jsonl")
+        plain = _rows(out / "2-2" / f"node-{i}" / "metrics.jsonl")
+        # the solver's 3 groups arrive besides the other node's 4 (its pool was empty in
+        # round 0, so it made all 4 of its groups itself); round 0 sees nothing
+        assert [r["groups_accepted"] for r in rows] == [0, 7]
+        assert [r["groups_accepted"] for r in plain] == [0, 4]
+        pool = Pool(solver_dir / f"node-{i}" / "pool.sqlite3")
+        counts = pool.counts()
+        pool.close()
+        assert {a: c.get("accepted") for a, c in counts.items()} == {
+            "solver-0": 3,
+            f"node-{1 - i}": 4,
+        }
+    results = json.loads((out / "results.json").read_text())
+    conf = {c["label"]: c for c in results["configurations"]}["2/2 solver 0.5"]
+    assert conf["solver"] == 0.5 and conf["versus_plain"]["label"] == "2/2"
+    assert len(conf["format"]["curve"]) == 2
+    table = (out / "results.md").read_text()
+    assert "| 2/2 + solver (0.5) |" in table and "Answer format" in table
+    assert (out / "answer_format.png").stat().st_size > 0
