@@ -139,7 +139,19 @@ def start(
     ] = None,
     no_train: Annotated[
         bool,
-        typer.Option("--no-train", help="Only relay and bootstrap the swarm; no model is loaded."),
+        typer.Option(
+            "--no-train",
+            help="Do not train: relay and bootstrap the swarm with no model loaded, or with "
+            "--generate share what the model writes.",
+        ),
+    ] = False,
+    generate: Annotated[
+        bool,
+        typer.Option(
+            "--generate",
+            help="With --no-train: a generating member (generates, scores and shares its "
+            "own groups; never trains, takes nothing from the pool).",
+        ),
     ] = False,
 ) -> None:
     """Start a node: load the model, join the swarm, then run rounds until stopped (Ctrl-C
@@ -161,8 +173,13 @@ def start(
         bootstrap=bootstrap,
         offline=offline,
     )
+    if generate and not no_train:
+        raise UsageProblem("--generate is for a member that does not train: add --no-train")
     if no_train and not cfg.net.enabled:
-        raise UsageProblem("--no-train runs a relay, which needs the network (drop --offline)")
+        what = "a generating member shares" if generate else "a relay relays"
+        raise UsageProblem(f"--no-train: {what}, which needs the network (drop --offline)")
+    if generate:
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"enabled": False})})
     from sapo_node.logs import configure_logging
 
     configure_logging(cfg.node.json_logs)
@@ -178,7 +195,7 @@ def start(
     log.info("config", **json.loads(cfg.model_dump_json()))
     stop = threading.Event()
     _on_signals(stop, log)
-    if no_train:
+    if no_train and not generate:
         _relay(cfg, stop, log)
         return
     if cfg.net.enabled:
@@ -199,6 +216,7 @@ def start(
         device=str(node.policy.device),
         dtype=str(node.policy.dtype).removeprefix("torch."),
         lora=cfg.model.lora.enabled,
+        trains=node.trains,
         data_dir=str(node.data_dir),
         seed=node.seed,
         version=__version__,
@@ -531,6 +549,134 @@ def experiment(
     if not finished:
         typer.echo("stopped: run the same command again to continue", err=True)
         raise SystemExit(130)
+
+
+@app.command()
+def share(
+    file: Annotated[
+        str, typer.Argument(help="JSON Lines of rollout groups (docs/share.md); - reads stdin.")
+    ],
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML config file (tasks, swarm).")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="State directory of the sharer: its identity key (default: DIR/share "
+            "under the node's data directory)."
+        ),
+    ] = None,
+    swarm: Annotated[str | None, typer.Option(help="Swarm name.")] = None,
+    listen: Annotated[
+        list[str] | None,
+        typer.Option(help="Multiaddr to listen on (default /ip4/0.0.0.0/tcp/0: any free port)."),
+    ] = None,
+    announce: Annotated[list[str] | None, typer.Option(help="Multiaddr to announce.")] = None,
+    bootstrap: Annotated[
+        list[str] | None, typer.Option(help="Peer to join through (repeatable).")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Check every line and send nothing (no network).")
+    ] = False,
+    skip_refused: Annotated[
+        bool,
+        typer.Option("--skip-refused", help="Send a file's good lines even if some are refused."),
+    ] = False,
+    wait_peers: Annotated[
+        int, typer.Option(min=1, help="Swarm peers to wait for before sending.")
+    ] = 1,
+    wait_s: Annotated[
+        float, typer.Option(min=1.0, help="How long to wait for peers and for the network.")
+    ] = 60.0,
+) -> None:
+    """Publish rollout groups made elsewhere (another model, a program, a person): each
+    line is checked exactly as a receiver checks a peer's group (regenerated, compared,
+    scored) before it is sent; refused lines are reported with their line number and
+    reason, and a file with a refused line sends nothing (--skip-refused sends the rest)."""
+    cfg = _config(
+        config,
+        swarm=swarm,
+        listen=listen or ["/ip4/0.0.0.0/tcp/0"],  # a node may hold the usual port here
+        announce=announce,
+        bootstrap=bootstrap,
+    )
+    share_dir = data_dir or cfg.node.resolved_data_dir() / "share"
+    from sapo_node.logs import configure_logging
+    from sapo_node.node import DataDirInUse, lock_data_dir
+    from sapo_node.share import Checker
+    from sapo_node.share import share as share_lines
+
+    configure_logging(cfg.node.json_logs)
+    streaming = file == "-"
+    try:  # bytes: a line that is not UTF-8 is refused as such, with its number
+        stream = sys.stdin.buffer if streaming else open(file, "rb")  # noqa: SIM115
+    except OSError as exc:
+        _fail(f"cannot read {file}: {exc.strerror or exc}")
+    lock = None
+    if not check:
+        share_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = lock_data_dir(share_dir)
+        except DataDirInUse as exc:
+            _fail(str(exc))
+    connect = None if check else (lambda: _share_transport(cfg, share_dir, wait_peers, wait_s))
+    author = "check" if check else _share_identity(share_dir)
+    checker = Checker(cfg, author)
+    try:
+        outcome = share_lines(
+            stream,
+            checker,
+            connect,
+            streaming=streaming,
+            skip_refused=skip_refused,
+            say=lambda m: typer.echo(m, err=True),
+            wait_s=wait_s,
+        )
+    finally:
+        checker.close()
+        if not streaming:
+            stream.close()
+        if lock is not None:
+            lock.close()
+    refused = len(outcome.refused)
+    summary = f"{outcome.checked} lines checked, {refused} refused, {outcome.sent} sent"
+    if outcome.unsent:
+        summary += f", {outcome.unsent} not taken by the network"
+    if refused and not streaming and not skip_refused and not check:
+        summary += " (a refused line sends nothing: fix it, or pass --skip-refused)"
+    typer.echo(summary)
+    if refused or outcome.unsent:
+        raise SystemExit(1)
+
+
+def _share_identity(share_dir: Path) -> str:
+    from sapo_node.net import NetError
+    from sapo_node.net import identity as ident
+
+    try:
+        return ident.peer_id(ident.load_or_create(share_dir))
+    except NetError as exc:
+        _fail(str(exc))
+    raise AssertionError  # unreachable: _fail exits
+
+
+def _share_transport(cfg: Any, share_dir: Path, wait_peers: int, wait_s: float):
+    """The sharer's swarm transport, once ``wait_peers`` peers are in its mesh."""
+    import time
+
+    _check_ports(cfg)
+    transport = _open_transport(cfg, share_dir)
+    deadline = time.monotonic() + wait_s
+    while int(transport.child_stats.get("mesh", 0)) < wait_peers:
+        if time.monotonic() > deadline:
+            transport.close()
+            _fail(
+                f"{int(transport.child_stats.get('mesh', 0))} of {wait_peers} peers of swarm "
+                f"{cfg.net.swarm!r} joined within {wait_s:.0f} s; nothing was sent "
+                "(pass --bootstrap, or check that a node runs)"
+            )
+        time.sleep(0.2)
+    return transport
 
 
 @app.command("pool")

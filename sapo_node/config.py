@@ -266,6 +266,12 @@ class ScoringSection(_Section):
 class TrainSection(_Section):
     """The GRPO update."""
 
+    enabled: bool = Field(
+        True,
+        description="false: a generating member (start --no-train --generate): it generates, "
+        "scores and shares I + J groups of its own a round, but never updates its weights "
+        "and takes nothing from the pool.",
+    )
     local_groups: int = Field(2, ge=0, le=4096, description="I: own tasks per round.")
     external_groups: int = Field(
         2, ge=0, le=4096, description="J: peers' groups per round (filled with own if short)."

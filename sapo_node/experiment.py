@@ -415,6 +415,7 @@ class SolverMember:
         self.curriculum = Curriculum(config.tasks.families, config.curriculum)
         self.transport = transport
         self.checker = Checker(config, transport.peer_id)
+        self.label = f"solver-{accuracy:g}"
 
     def run_round(self, r: int) -> int:
         """Share round r's groups; returns how many were sent."""
@@ -424,10 +425,9 @@ class SolverMember:
         n = self.config.generation.completions_per_task
         sent = 0
         self.transport.round = r
-        for task, texts in solve_round(self.curriculum, self.seed, r, self.groups, n, self.accuracy):
-            checked = self.checker.check(
-                line_of(task.ref, texts, model=f"solver-{self.accuracy:g}"), r
-            )
+        solved = solve_round(self.curriculum, self.seed, r, self.groups, n, self.accuracy)
+        for task, texts in solved:
+            checked = self.checker.check(line_of(task.ref, texts, model=self.label), r)
             if not checked.ok:  # a solver answer this node's own checks refuse: say so
                 log.warning("solver group refused", reason=checked.reason, detail=checked.detail)
                 continue

@@ -25,6 +25,9 @@ Departures from the paper, and why:
 - A curriculum moves each family's difficulty (the paper fixed it): the small models
   this daemon targets get no reward at all at ReasoningGym's default difficulty.
 - Seeds derive from (node seed, round), so a resumed node replays the same stream.
+
+A generating member (``train.enabled = false``) runs steps 2-5 only, with all I + J
+tasks its own: it shares what its model writes, and never takes from the pool or trains.
 """
 
 from __future__ import annotations
@@ -184,9 +187,19 @@ class Node:
         )
         self.curriculum = Curriculum(config.tasks.families, config.curriculum)
         g = config.generation
-        self.trainer = Trainer(
-            self.policy, config.train, g.max_new_tokens, g.temperature, top_p=g.top_p, top_k=g.top_k
-        )
+        self.trains = config.train.enabled
+        self.trainer: Trainer | None = None
+        if self.trains:
+            self.trainer = Trainer(
+                self.policy,
+                config.train,
+                g.max_new_tokens,
+                g.temperature,
+                top_p=g.top_p,
+                top_k=g.top_k,
+            )
+        else:  # a generating member: its weights are the model's, for good
+            self.policy.model.requires_grad_(False)
         self.pool = Pool.from_config(self.data_dir / "pool.sqlite3", config.pool)
         self.intake = Intake(
             self.pool,
@@ -211,7 +224,7 @@ class Node:
         s, timer = self.config.train, Timer()
         with timer("round"):
             inbound = self._take_in()
-            external = self._take_external(r)
+            external = self._take_external(r) if self.trains else []
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
             with timer("generate"):
@@ -222,12 +235,14 @@ class Node:
             groups = local + [self._as_group(p) for p in external]
             with timer("train"):
                 batch = training_set(groups, s.advantage_scale)
-                stats = self.trainer.step(
-                    batch.samples,
-                    should_stop=self.stop.is_set,
-                    batch_rows=batch.batch_rows,
-                    batch_tokens=batch.batch_tokens,
-                )
+                stats = TrainStats()
+                if self.trainer is not None:
+                    stats = self.trainer.step(
+                        batch.samples,
+                        should_stop=self.stop.is_set,
+                        batch_rows=batch.batch_rows,
+                        batch_tokens=batch.batch_tokens,
+                    )
             if stats is None:
                 raise Stopped
             moves: Counter[str] = Counter()
@@ -330,6 +345,9 @@ class Node:
         the author of a message refused as its own fault loses score in the swarm."""
         outcomes: Counter[str] = Counter()
         if self.transport is None:
+            return outcomes
+        if not self.trains:  # it takes nothing from the pool: no need to check, nor keep
+            outcomes["unread"] = len(self.transport.received())
             return outcomes
         for message in self.transport.received():
             verdict = self.receive(message.data, message.author)
@@ -496,8 +514,8 @@ class Node:
         try:
             path = self.store.save(
                 self.round,
-                self.policy.trainable_state(),
-                self.trainer.optimizer.state_dict(),
+                self.policy.trainable_state(),  # empty for a generating member
+                self.trainer.optimizer.state_dict() if self.trainer else {},
                 state,
             )
         except OSError as exc:
@@ -516,9 +534,15 @@ class Node:
                 self.metrics.truncate(0)
             return
         ckpt = self.store.load(path, self.config.fingerprint())
+        if not self.trains and ckpt.weights:
+            raise CheckpointError(
+                f"{self.data_dir} holds a training node's checkpoint ({path}); a generating "
+                "member keeps its model as it is: give it another --data-dir"
+            )
         try:
             self.policy.load_trainable_state(ckpt.weights)
-            self.trainer.optimizer.load_state_dict(ckpt.optimizer)
+            if self.trainer is not None:
+                self.trainer.optimizer.load_state_dict(ckpt.optimizer)
         except ValueError as exc:
             raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from None
         st = ckpt.state

@@ -16,20 +16,34 @@ intake (intake.py) on a private pool: form and sizes, time, a family and config 
 node's curriculum sets, the task regenerated from its reference and its question
 compared, every completion scored by the verifier in the sandbox. A line that fails is
 refused with its line number and the receiver's reason; a line that passes is sent as
-exactly the bytes that were checked.
+the message that was checked, stamped with the time it is sent (receivers refuse groups
+older than their ``pool.max_age_s``, and a long file takes a while at the rate they allow).
+
+Nothing is half-sent: a FILE is checked whole before anything is sent, and if any line
+is refused nothing is sent (``--skip-refused`` sends the lines that passed). Standard
+input (``-``) is for a program that makes groups as it goes: each line is checked and
+sent as it arrives, and refused lines are reported and skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from sapo_node import wire
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
-from sapo_node.intake import Intake
+from sapo_node.intake import (
+    CANNOT_REGENERATE,
+    QUESTION_MISMATCH,
+    UNKNOWN_CONFIG,
+    UNKNOWN_FAMILY,
+    Intake,
+)
 from sapo_node.pool import Pool
 from sapo_node.tasks import Scorer, TaskRef, canonical_json, generator_of, make_task
 
@@ -37,6 +51,7 @@ LINE_FIELDS = {"task", "completions", "finished", "model", "question"}
 TASK_FIELDS = {"family", "config", "seed", "index"}
 DEFAULT_MODEL = "external"
 MAX_LINE_BYTES = wire.MAX_MESSAGE_BYTES  # a longer line cannot become a valid message
+LINGER_S = 2.0  # after the last publish: GossipSub writes to peers' streams after it returns
 
 # Reasons found before the message exists (the rest are wire.py's and intake.py's).
 BAD_JSON = "bad_json"
@@ -50,15 +65,25 @@ class Checked:
     """One line's outcome: the message's bytes to send, or the reason it is refused."""
 
     line: int
+    group: wire.RolloutGroup | None = None
     data: bytes | None = None
     reason: str = ""
     detail: str = ""
     rewards: tuple[float, ...] = ()
-    family: str = ""
 
     @property
     def ok(self) -> bool:
         return self.data is not None
+
+    @property
+    def family(self) -> str:
+        return self.group.ref.family if self.group else ""
+
+    def fresh(self) -> bytes:
+        """The checked message stamped with the time now (what is sent)."""
+        assert self.group is not None
+        now = int(time.time() * 1000)
+        return wire.encode(dataclasses.replace(self.group, created_ms=now))
 
     def describe(self) -> str:
         if self.ok:
@@ -122,13 +147,11 @@ class Checker:
         except _Refused as exc:
             return Checked(line, reason=exc.reason, detail=exc.detail)
         except wire.EncodeError as exc:
-            return Checked(line, reason=exc.reason, detail=str(exc))
+            return Checked(line, reason=exc.reason, detail=str(exc).removeprefix(f"{exc.reason}: "))
         verdict = self.intake.receive(data, self.author)
         if verdict.outcome != "accepted" or verdict.item is None:
             return Checked(line, reason=verdict.reason, detail=verdict.detail)
-        return Checked(
-            line, data, rewards=verdict.item.rewards, family=verdict.item.group.ref.family
-        )
+        return Checked(line, message, data, rewards=verdict.item.rewards)
 
     def check_all(self, lines: Iterable[str | bytes]) -> Iterator[Checked]:
         """Every non-blank line, numbered from 1, checked in order."""
@@ -165,13 +188,20 @@ class Checker:
         model = obj.get("model", DEFAULT_MODEL)
         if not isinstance(model, str):
             raise _Refused(wire.WRONG_TYPE, "model must be a string")
+        # The receiver's own order: a task this node's curriculum does not set is never
+        # made (a custom family's name imports a module), whatever the file says.
+        configs = self.intake.known_configs.get(ref.family)
+        if configs is None:
+            raise _Refused(UNKNOWN_FAMILY, ref.family[:200])
+        if ref.config_json not in configs:
+            raise _Refused(UNKNOWN_CONFIG, ref.config_json[:200])
         try:
             task = make_task(ref)
-        except Exception as exc:  # an unknown family or a config its generator refuses
-            raise _Refused(BAD_TASK, f"{type(exc).__name__}: {exc}"[:200]) from None
+        except Exception as exc:  # e.g. a custom family's data missing here
+            raise _Refused(CANNOT_REGENERATE, f"{type(exc).__name__}: {exc}"[:200]) from None
         question = obj.get("question", task.question)
         if question != task.question:
-            raise _Refused("question_mismatch", "the question is not the task's own")
+            raise _Refused(QUESTION_MISMATCH, "the question is not the task's own")
         return wire.RolloutGroup(
             ref=ref,
             generator=generator_of(ref.family),
@@ -217,3 +247,72 @@ def line_of(
         "model": model,
     }
     return json.dumps(obj, ensure_ascii=False)
+
+
+# --- sending ------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What ``share`` did."""
+
+    checked: int = 0
+    sent: int = 0
+    refused: list[Checked] = dataclasses.field(default_factory=list)
+    unsent: int = 0  # passed, but the network did not take them (it stopped, or no room)
+
+
+def share(
+    lines: Iterable[str],
+    checker: Checker,
+    connect: Callable[[], Any] | None,
+    *,
+    streaming: bool,
+    skip_refused: bool = False,
+    say: Callable[[str], None] = print,
+    wait_s: float = 60.0,
+) -> Outcome:
+    """Check ``lines`` and send those that pass on the transport ``connect()`` opens
+    (None: check only, send nothing). Returns the outcome; ``say`` reports each line.
+
+    ``streaming`` (standard input): connect first, then check and send line by line.
+    Otherwise (a file): check every line, then connect and send, or send nothing if a
+    line was refused and ``skip_refused`` is not set.
+    """
+    out = Outcome()
+
+    def checked() -> Iterator[Checked]:
+        for c in checker.check_all(lines):
+            out.checked += 1
+            say(c.describe())
+            if not c.ok:
+                out.refused.append(c)
+                continue
+            yield c
+
+    if connect is None:
+        for _ in checked():
+            pass
+        return out
+    if not streaming:
+        passed = list(checked())
+        if out.refused and not skip_refused:
+            return out
+        if not passed:
+            return out
+        source: Iterable[Checked] = passed
+    transport = connect()
+    try:
+        if streaming:
+            source = checked()
+        for c in source:
+            if transport.publish(c.fresh(), wait_s=wait_s):
+                out.sent += 1
+            else:
+                out.unsent += 1
+        if out.sent and not transport.flush(wait_s):
+            say(f"the network did not confirm every group within {wait_s:.0f} s")
+        time.sleep(LINGER_S)  # GossipSub writes to its peers' streams after publish returns
+    finally:
+        transport.close()
+    return out

@@ -45,8 +45,7 @@ def solve(task: Task, n: int, accuracy: float, rng: random.Random) -> tuple[list
         raise ValueError(f"task {task.ref} has no answer to give")
     right = [rng.random() < accuracy for _ in range(n)]
     texts = [
-        f"<answer>{task.answer if ok else wrong_answer(task.answer, rng)}</answer>"
-        for ok in right
+        f"<answer>{task.answer if ok else wrong_answer(task.answer, rng)}</answer>" for ok in right
     ]
     return texts, right
 
@@ -72,4 +71,3 @@ def solve_round(
         curriculum.record(ref.family, [float(x) for x in right])
         out.append((task, texts))
     return out
-

@@ -95,11 +95,16 @@ class Libp2pTransport:
 
     # --- the Transport interface -------------------------------------------------------
 
-    def publish(self, data: bytes) -> bool:
+    def publish(self, data: bytes, wait_s: float = 0.0) -> bool:
+        """Queue ``data`` for the network process; with ``wait_s``, wait that long for
+        room (a sender with nothing else to do, ``sapo-node share``) instead of dropping."""
         if self._closing.is_set():
             return False
         try:
-            self._outbox.put_nowait(["publish", data])
+            if wait_s > 0:
+                self._outbox.put(["publish", data], timeout=wait_s)
+            else:
+                self._outbox.put_nowait(["publish", data])
         except queue.Full:
             with self._lock:
                 self._stats.publish_dropped += 1
@@ -135,6 +140,16 @@ class Libp2pTransport:
         with contextlib.suppress(queue.Full):
             self._outbox.put_nowait(["penalise", author])
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the network process has published every queued message (its
+        counter, reported each second, has caught up); False if it did not in time."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._outbox.empty() and self.child_stats.get("published", 0) >= self._written:
+                return True
+            time.sleep(0.1)
+        return False
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the child (SIGTERM: it has nothing to save), then make sure it has. Not a
         frame on stdin: the writer thread may be blocked on a full pipe there."""
@@ -156,6 +171,7 @@ class Libp2pTransport:
     def _spawn(self) -> None:
         self._ready.clear()
         self._fatal = None
+        self._written = 0  # publish frames written to this child
         proc = subprocess.Popen(
             [sys.executable, "-m", "sapo_node.net.host"],
             stdin=subprocess.PIPE,
@@ -199,6 +215,8 @@ class Libp2pTransport:
                 proc.stdin.flush()
             except (OSError, ValueError):
                 return  # the child is gone; the supervisor restarts it
+            if frame[0] == "publish":
+                self._written += 1
 
     def _supervise(self) -> None:
         delay = 1.0

@@ -51,3 +51,52 @@ def build_tiny_model(path: Path, *, hidden: int = 64, layers: int = 2, seed: int
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+BPE_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
+BPE_SPECIALS = ["<pad>", "<s>", "</s>"]
+
+
+def build_bpe_model(path: Path, *, hidden: int = 64, layers: int = 2, seed: int = 1) -> Path:
+    """A second tiny model, unlike build_tiny_model's in all that a peer's text meets: a
+    byte-level BPE tokenizer (merges learned here, offline, on printable ASCII) and
+    another chat template and end-of-turn token (``</s>``)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    corpus = [string.printable, "Write sevens. 7777 777 77 7", "<answer>26</answer> Reply."] * 8
+    backend.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(vocab_size=200, special_tokens=BPE_SPECIALS, show_progress=False),
+    )
+    vocab = backend.get_vocab()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.chat_template = BPE_CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
+        pad_token_id=vocab["<pad>"],
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
