@@ -259,7 +259,11 @@ class ScoringSection(_Section):
         description="Memory a verifier may allocate beyond the worker's size after start-up.",
     )
     max_completion_chars: int = Field(
-        4096, ge=16, le=1_000_000, description="Completions are cut to this length first."
+        8192,
+        ge=8192,
+        le=1_000_000,
+        description="Completions are cut to this length first: at least the wire's 8,192 "
+        "bytes per completion, so that every completion a peer may send is scored whole.",
     )
 
 

@@ -232,7 +232,7 @@ class Scorer:
         *,
         reward: str = "binary",
         correct_threshold: float = 0.999,
-        max_completion_chars: int = 4096,
+        max_completion_chars: int = 8192,
         timeout_s: float = 2.0,
         memory_mb: int = 1024,
     ) -> None:

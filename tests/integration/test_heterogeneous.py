@@ -16,7 +16,9 @@ from sapo_node.node import Node
 from tests.support.nodes import sevens_overrides
 from tests.support.tiny import build_bpe_model
 
-LIMIT = 6  # max_new_tokens of both nodes
+# max_new_tokens: the BPE node's few tokens are many characters, which fit the character
+# node's limit whole; the character node's text is cut by the BPE node's limit
+LIMITS = {"chars": 24, "bpe": 4}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def _node(model_dir: Path, data_dir: Path, seed: int) -> Node:
         model_dir,
         data_dir,
         node={"seed": seed},
-        generation={"max_new_tokens": LIMIT, "completions_per_task": 4},
+        generation={"max_new_tokens": LIMITS[data_dir.name], "completions_per_task": 4},
         train={"lr": 1e-2, "local_groups": 2, "external_groups": 2},
         pool={"sampling": "uniform"},
     )
@@ -46,16 +48,18 @@ def test_nodes_with_other_tokenizers_train_on_each_others_text(
     try:
         assert chars.policy.tokenizer.vocab_size != bpe.policy.tokenizer.vocab_size
         assert chars.policy.end_id != bpe.policy.end_id
-        for r in range(2):
-            for node in (chars, bpe):
-                node.run_round(r)
-                node.round = r + 1
+        for r in range(3):
+            records = [node.run_round(r) for node in (chars, bpe)]
+        # each trained on the other's groups
+        assert all(r["external_groups"] > 0 and r["train/sequences"] > 0 for r in records)
+        # what it trains on: the groups left in its pool, and the peer's last round
+        cases = {"whole": 0, "cut": 0}
         for me, name in ((chars, "bpe"), (bpe, "chars")):
+            limit = LIMITS["chars" if me is chars else "bpe"]
             for message in me.transport.received():  # the peer's last round, checked in
                 assert me.receive(message.data, message.author).outcome == "accepted"
             pooled = me.pool.sample(16, random.Random(0))
             assert pooled and {p.author for p in pooled} == {name}, (name, me.pool.counts())
-            whole = 0
             for p in pooled:
                 group = me._as_group(p)
                 # the prompt is this node's own chat template around the checked question
@@ -77,16 +81,13 @@ def test_nodes_with_other_tokenizers_train_on_each_others_text(
                     trained = me.policy.tokenizer.decode(body, skip_special_tokens=False)
                     assert me.policy.end_id not in body
                     own = me.policy.tokenizer(text, add_special_tokens=False)["input_ids"]
-                    if len(own) < LIMIT:  # fits: the peer's text exactly, closed if it was
+                    if len(own) < limit:  # fits: the peer's text exactly, closed if it was
                         assert trained == text and done == sent_done
-                        whole += 1
+                        cases["whole"] += 1
                     else:  # cut at this node's limit: a prefix, left open
-                        assert text.startswith(trained) and len(body) == LIMIT and not done
-            assert whole > 0  # some texts fit whole, so the exact check ran
-        # and each trains on the other's groups
-        records = [node.run_round(2) for node in (chars, bpe)]
-        assert all(r["external_groups"] > 0 for r in records)
-        assert all(r["train/sequences"] > 0 for r in records)
+                        assert text.startswith(trained) and len(body) == limit and not done
+                        cases["cut"] += 1
+        assert cases["whole"] > 0 and cases["cut"] > 0, cases  # both checks ran
     finally:
         chars.close()
         bpe.close()

@@ -71,7 +71,10 @@ def build_bpe_model(path: Path, *, hidden: int = 64, layers: int = 2, seed: int 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    corpus = [string.printable, "Write sevens. 7777 777 77 7", "<answer>26</answer> Reply."] * 8
+    # The alphabet is what the corpus holds: the characters build_tiny_model's tokenizer
+    # has too, so that each model can write down all that the other may say.
+    printable = "".join(c for c in string.printable if c not in "\r\x0b\x0c")
+    corpus = [printable, "Write sevens. 7777 777 77 7", "<answer>26</answer> Reply."] * 8
     backend.train_from_iterator(
         corpus,
         trainers.BpeTrainer(vocab_size=200, special_tokens=BPE_SPECIALS, show_progress=False),
