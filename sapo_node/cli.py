@@ -679,6 +679,27 @@ def _share_transport(cfg: Any, share_dir: Path, wait_peers: int, wait_s: float):
     return transport
 
 
+@app.command()
+def tasks(
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
+) -> None:
+    """Print the tasks a node with this config accepts from peers, as JSON: per family, the
+    config of every curriculum level (SPEC.md, "Which tasks a receiver accepts")."""
+    from sapo_node.curriculum import Curriculum
+    from sapo_node.tasks import generator_of
+
+    cfg = _config(config)
+    known = Curriculum(cfg.tasks.families, cfg.curriculum).known_configs()
+    out = {
+        name: {
+            "generator": generator_of(name),
+            "configs": [json.loads(c) for c in sorted(configs)],
+        }
+        for name, configs in sorted(known.items())
+    }
+    typer.echo(json.dumps(out, indent=2))
+
+
 @app.command("pool")
 def show_pool(
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,

@@ -162,3 +162,18 @@ def test_a_busy_port_is_one_line_and_exit_1_before_the_model_loads(
 def test_no_train_needs_the_network(capsys) -> None:
     code, _, err = run_cli(["start", "--no-train", "--offline"], capsys)
     assert code == 2 and "--no-train" in err
+
+
+def test_tasks_prints_what_a_default_node_accepts(capsys) -> None:
+    import re
+
+    capsys.readouterr()
+    main(["tasks"])
+    accepted = json.loads(capsys.readouterr().out)
+    from sapo_node.tasks import RG_VERSION, canonical_json
+
+    assert accepted["basic_arithmetic"]["generator"] == f"reasoning_gym {RG_VERSION}"
+    configs = {canonical_json(c) for c in accepted["basic_arithmetic"]["configs"]}
+    spec = (Path(__file__).parents[2] / "protocol" / "SPEC.md").read_text()
+    example = re.search(r"node accepts\):\n`(\{.*\})`", spec).group(1)
+    assert example in configs  # the spec's example config is one a default node accepts
