@@ -320,6 +320,9 @@ class Deferred:
     def penalise(self, author: str) -> None:
         self.inner.penalise(author)
 
+    def refusals(self) -> dict[tuple[str, str], int]:
+        return self.inner.refusals()
+
     def close(self) -> None:
         self.inner.close()
 

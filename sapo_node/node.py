@@ -346,6 +346,8 @@ class Node:
         outcomes: Counter[str] = Counter()
         if self.transport is None:
             return outcomes
+        for (author, reason), n in self.transport.refusals().items():
+            self.pool.record(author, reason, n)  # refused by the network process: per peer
         if not self.trains:  # it takes nothing from the pool: no need to check, nor keep
             outcomes["unread"] = len(self.transport.received())
             return outcomes

@@ -312,10 +312,10 @@ class Pool:
             self._evict(item.author)
             self._flush_counts()
 
-    def record(self, author: str, outcome: str) -> None:
-        """Count a group from ``author`` that was refused for ``outcome``."""
+    def record(self, author: str, outcome: str, n: int = 1) -> None:
+        """Count ``n`` groups from ``author`` that were refused for ``outcome``."""
         with self._lock:
-            self._count(author, outcome)
+            self._count(author, outcome, n)
 
     # --- sampling -------------------------------------------------------------------------
 

@@ -20,6 +20,18 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+MAX_REFUSAL_KEYS = 1024  # (author, reason) pairs held between two reads; beyond, "(others)"
+OTHERS = "(others)"
+
+
+def count_refusal(counts: dict[tuple[str, str], int], author: str, reason: str, n: int = 1):
+    """Add to bounded per-(author, reason) counts: past MAX_REFUSAL_KEYS pairs, new
+    authors are counted as OTHERS, so a peer inventing identities grows nothing."""
+    key = (author, reason)
+    if key not in counts and len(counts) >= MAX_REFUSAL_KEYS:
+        key = (OTHERS, reason)
+    counts[key] = counts.get(key, 0) + n
+
 
 class NetError(RuntimeError):
     """The network cannot start (port in use, bad address, unreadable identity)."""
@@ -68,6 +80,11 @@ class Transport(Protocol):
 
     def penalise(self, author: str) -> None:
         """Lower the score of a peer whose message this node refused."""
+        ...
+
+    def refusals(self) -> dict[tuple[str, str], int]:
+        """Messages refused before they reached the node (by the network process's checks),
+        per (author, reason), since the last call."""
         ...
 
     def close(self) -> None: ...

@@ -59,7 +59,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo_node import wire
 from sapo_node.logs import configure_logging
-from sapo_node.net import NetError, identity, ipc
+from sapo_node.net import NetError, count_refusal, identity, ipc
 from sapo_node.pool import RateLimiter
 
 log = structlog.get_logger("sapo_node.net")
@@ -506,6 +506,7 @@ class Network:
         self.me = self.host.get_id()
         self.banned: OrderedDict[ID, float] = OrderedDict()
         self.backoff: dict[ID, tuple[float, float]] = {}  # peer -> (next try, delay)
+        self.refusals: dict[tuple[str, str], int] = {}  # (author, reason) -> n, bounded
         self.no_pubsub_since: dict[ID, float] = {}
         self.pubsub.own_peer_maps.append(self.no_pubsub_since)
 
@@ -519,6 +520,7 @@ class Network:
         result = wire.decode(msg.data)  # refuses above wire.MAX_MESSAGE_BYTES first
         if isinstance(result, wire.Rejection):
             COUNTERS.rejected += 1
+            count_refusal(self.refusals, author.pretty(), result.reason)
             if result.ignored:
                 self._excuse(msg)
             log.info(
@@ -531,6 +533,7 @@ class Network:
             return False
         if not self.limiter.allow(author.pretty(), time.monotonic()):
             COUNTERS.rate_limited += 1
+            count_refusal(self.refusals, author.pretty(), "rate_limited")
             self._excuse(msg)
             return False
         return True
@@ -647,6 +650,8 @@ class Network:
             "rejected": COUNTERS.rejected,
             "rate_limited": COUNTERS.rate_limited,
             "published": COUNTERS.published,
+            # per (author, reason) since the last report, then forgotten here
+            "refusals": [[a, r, n] for (a, r), n in self._take_refusals().items()],
             "bytes_in": COUNTERS.bytes_in,
             "bytes_out": COUNTERS.bytes_out,
             "bad_frames": COUNTERS.bad_frames,
@@ -660,6 +665,10 @@ class Network:
             # where state is held for peers neither connected nor in pubsub: a leak
             "stale_state": {p.pretty(): v for p, v in self.pubsub.stale_state(live).items()},
         }
+
+    def _take_refusals(self) -> dict[tuple[str, str], int]:
+        out, self.refusals = self.refusals, {}
+        return out
 
     def _ban_low_scores(self) -> list[ID]:
         """A peer below the graylist threshold is banned for BAN_S: forgotten at once

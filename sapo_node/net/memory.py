@@ -73,6 +73,9 @@ class MemoryTransport:
     def penalise(self, author: str) -> None:
         self.penalised.append(author)
 
+    def refusals(self) -> dict[tuple[str, str], int]:
+        return {}  # the hub checks nothing: every message reaches the node's intake
+
     def close(self) -> None:
         self.closed = True
         self.hub._leave(self.peer_id)

@@ -32,7 +32,7 @@ import structlog
 
 from sapo_node import wire
 from sapo_node.config import NetSection, PoolSection
-from sapo_node.net import Inbox, NetError, NetStats, Received, identity, ipc
+from sapo_node.net import Inbox, NetError, NetStats, Received, count_refusal, identity, ipc
 
 log = structlog.get_logger("sapo_node.net")
 
@@ -76,6 +76,7 @@ class Libp2pTransport:
         self._inbox = Inbox(net.inbox_per_peer, net.inbox_total)
         self._outbox: queue.Queue[list[Any]] = queue.Queue(maxsize=queue_size)
         self._stats = NetStats()
+        self._refusals: dict[tuple[str, str], int] = {}
         self._base = dict.fromkeys(_COUNTED, 0)  # counts of the children before this one
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -140,6 +141,11 @@ class Libp2pTransport:
         with contextlib.suppress(queue.Full):
             self._outbox.put_nowait(["penalise", author])
 
+    def refusals(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            out, self._refusals = self._refusals, {}
+        return out
+
     def flush(self, timeout_s: float) -> bool:
         """Wait until the network process has published every queued message (its
         counter, reported each second, has caught up); False if it did not in time."""
@@ -196,6 +202,9 @@ class Libp2pTransport:
             if kind == "message":
                 self._inbox.put(Received(frame[1], frame[2]))
             elif kind == "stats":
+                with self._lock:
+                    for author, reason, n in frame[1].pop("refusals", ()):
+                        count_refusal(self._refusals, str(author), str(reason), int(n))
                 self.child_stats = frame[1]
             elif kind == "ready":
                 self.addrs, self._listening = list(frame[2]), list(frame[3])

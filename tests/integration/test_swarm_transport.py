@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from sapo_node import wire
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net import NetError, Received, identity
 from sapo_node.net.process import Libp2pTransport
+from tests.support.rogue import invalid_payloads
 
 REPO = Path(__file__).resolve().parents[2]
 VALID = REPO / "protocol" / "vectors" / "valid"
@@ -331,6 +333,13 @@ def test_a_peer_publishing_invalid_groups_is_penalised_then_banned(swarm):
     assert worst <= -10.0  # each invalid message cost it, before the ban
     assert valid_sent_before_ban is False
     assert victim.stats().rejected >= 3  # refused by the wire checks (then by its score)
+    # each refusal is counted against its author and reason, for `sapo-node pool`
+    refused = victim.refusals()
+    assert {a for a, _ in refused} == {rogue_id}
+    assert sum(refused.values()) == victim.stats().rejected
+    sent = invalid_payloads(8)  # what the rogue sent: the same list, in order
+    assert {r for _, r in refused} <= {wire.decode(p).reason for p in sent}
+    assert victim.refusals() == {}  # handed over once
     wait_until(rogue_said(log, "done"), 30, "the rogue sends valid messages after the ban")
     time.sleep(1.0)  # what it sent has had time to arrive
 

@@ -176,3 +176,15 @@ def test_ipc_trio_reader_refuses_an_oversize_frame():
 
     with pytest.raises(ValueError, match="frame of"):
         trio.run(main)
+
+
+def test_refusal_counts_are_bounded_whatever_the_number_of_authors():
+    from sapo_node.net import MAX_REFUSAL_KEYS, OTHERS, count_refusal
+
+    counts: dict[tuple[str, str], int] = {}
+    for i in range(MAX_REFUSAL_KEYS + 500):
+        count_refusal(counts, f"peer-{i}", "bad_count")
+    count_refusal(counts, "peer-0", "bad_count", 2)  # a known pair still counts as itself
+    assert len(counts) == MAX_REFUSAL_KEYS + 1
+    assert counts[("peer-0", "bad_count")] == 3
+    assert counts[(OTHERS, "bad_count")] == 500
