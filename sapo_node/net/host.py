@@ -24,6 +24,7 @@ and ``stats`` reports any per-peer state still held for a peer that is gone.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import hashlib
@@ -83,6 +84,20 @@ PROVIDE_EVERY_S = 60.0
 
 # Trap 1 / 4 / 5 need the module's own names to count bytes and size queues.
 _read_frame = pubsub_module.read_varint_prefixed_bytes_limited
+
+
+def dht_key(topic: str) -> str:
+    """The swarm's DHT provider key (protocol/SPEC.md, discovery): the CIDv1 of the
+    topic's UTF-8 bytes (raw codec 0x55, sha2-256), as base32 text. js-libp2p and
+    go-libp2p Kademlia take a CID and key the records by its multihash, as py-libp2p
+    does when given a CID string, so every implementation finds the same swarm.
+
+    >>> dht_key("sapo/demo/rollouts/v2")[:7]
+    'bafkrei'
+    """
+    digest = hashlib.sha256(topic.encode("utf-8")).digest()
+    cid = bytes([0x01, 0x55, 0x12, 0x20]) + digest  # version, codec, sha2-256, 32 bytes
+    return "b" + base64.b32encode(cid).decode("ascii").lower().rstrip("=")
 
 
 class Counters:
@@ -704,7 +719,7 @@ class Network:
     async def _discover(self) -> None:
         """trap 10 / 15: re-dial bootstrap peers, announce the swarm in the DHT and dial
         its other members, and dial peers mDNS put in the peerstore."""
-        key = self.topic  # the DHT key is its UTF-8 bytes (protocol/SPEC.md, discovery)
+        key = dht_key(self.topic)
         last_provide, provided_to = -PROVIDE_EVERY_S, set()
         while True:
             connected = set(self.host.get_connected_peers())

@@ -188,3 +188,21 @@ def test_refusal_counts_are_bounded_whatever_the_number_of_authors():
     assert len(counts) == MAX_REFUSAL_KEYS + 1
     assert counts[("peer-0", "bad_count")] == 3
     assert counts[(OTHERS, "bad_count")] == 500
+
+
+def test_the_dht_key_is_the_topics_cid_other_kademlias_take():
+    import hashlib
+
+    from cid import make_cid
+    from libp2p.kad_dht.kad_dht import _encode_key
+
+    from sapo_node.net.host import dht_key
+
+    topic = "sapo/demo/rollouts/v2"
+    key = dht_key(topic)
+    assert key == "bafkreibvnnvnwusuanf37dnqtov2m5nxv57nowvbu4ijx2bpebr4cmnbsq"
+    digest = hashlib.sha256(topic.encode()).digest()
+    parsed = make_cid(key)  # an independent CID parser: version 1, raw, sha2-256
+    assert (parsed.version, parsed.codec) == (1, "raw")
+    assert parsed.multihash == b"\x12\x20" + digest
+    assert _encode_key(key) == parsed.multihash  # what py-libp2p stores records under
