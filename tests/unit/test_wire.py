@@ -515,6 +515,7 @@ def test_finished_flags_travel_per_completion() -> None:
 
 def test_the_long_fuzz_script_runs(tmp_path: Path) -> None:
     """scripts/fuzz_wire.py (1,000,000 inputs in docs/fuzzing.md) still runs, briefly."""
+    import os
     import subprocess
     import sys
 
@@ -522,7 +523,7 @@ def test_the_long_fuzz_script_runs(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "scripts/fuzz_wire.py", "--inputs", "600", "--out", str(tmp_path)],
         cwd=repo,
-        env={**__import__("os").environ, "PYTHONPATH": str(repo)},
+        env={**os.environ, "PYTHONPATH": str(repo)},
         capture_output=True,
         text=True,
         timeout=300,
