@@ -28,6 +28,7 @@ import argparse
 import collections
 import hashlib
 import json
+import logging
 import random
 import sys
 import time
@@ -42,6 +43,7 @@ from sapo_node import wire
 from sapo_node.config import load_config
 from sapo_node.curriculum import Curriculum
 from sapo_node.intake import Intake
+from sapo_node.logs import configure_logging
 from sapo_node.pool import Pool
 from sapo_node.tasks import Scorer, generator_of, make_task
 
@@ -209,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("fuzz-out"))
     parser.add_argument("--no-intake", action="store_true", help="decode only")
     args = parser.parse_args(argv)
+    configure_logging(level=logging.WARNING)  # a refusal a line would be a million lines
     failures_dir = args.out / "failures"
     failures_dir.mkdir(parents=True, exist_ok=True)
 
