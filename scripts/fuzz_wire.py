@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import hashlib
 import json
 import logging
@@ -172,7 +173,7 @@ class Inputs:
             return r.randbytes(r.randrange(20))
         if choice == 7:
             return msgpack.ExtType(r.randrange(128), r.randbytes(r.randrange(12)))
-        return r.choice(EDGES)
+        return copy.deepcopy(r.choice(EDGES))
 
     def value(self, depth: int) -> Any:
         r = self.rng
@@ -200,7 +201,7 @@ class Inputs:
             if r.random() < 0.2:
                 where.pop(key, None)
             else:
-                where[key] = r.choice(EDGES) if r.random() < 0.6 else self.value(1)
+                where[key] = copy.deepcopy(r.choice(EDGES)) if r.random() < 0.6 else self.value(1)
         return message
 
 
