@@ -470,7 +470,7 @@ class StatusSection(_Section):
         ge=1.0,
         le=1000.0,
         description="/healthz fails when no phase of the round loop has finished for this "
-        "many times the longest of the last 10 rounds...",
+        "many times the median of the last 10 rounds' durations...",
     )
     stall_min_s: float = Field(
         600.0,

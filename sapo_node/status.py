@@ -15,8 +15,8 @@ snapshot feeds all three paths.
 Healthy means both
 
 - the round loop moves: some phase (generate, score, train, eval) or round finished
-  within ``stall_factor`` times the longest of the last 10 rounds, and never sooner than
-  ``stall_min_s`` (the allowance for the first round);
+  within ``stall_factor`` times the median of the last 10 rounds' durations, and never
+  sooner than ``stall_min_s`` (also the allowance for the first round);
 - the network process speaks: it reports every second, so a silence of ``net_stall_s``
   means it is stuck, or dead and not restarted.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import threading
 import time
 import urllib.request
@@ -79,8 +80,7 @@ class Status:
         """Why the node is unhealthy; empty when it is not."""
         s, now, out = self.config.status, time.monotonic(), []
         if self.node is not None:
-            p = self.node.progress
-            limit = max(s.stall_min_s, s.stall_factor * max(p.recent_rounds, default=0.0))
+            p, limit = self.node.progress, self.stall_limit_s()
             if now - p.beat > limit:
                 out.append(
                     f"round loop: nothing finished for {now - p.beat:.0f} s, in phase "
@@ -92,6 +92,11 @@ class Status:
                 f"network process: silent for {now - heard:.0f} s (limit {s.net_stall_s:.0f} s)"
             )
         return out
+
+    def stall_limit_s(self) -> float:
+        """How long the round loop may go without finishing a phase or round."""
+        s, recent = self.config.status, self.node.progress.recent_rounds
+        return max(s.stall_min_s, s.stall_factor * (statistics.median(recent) if recent else 0.0))
 
     def facts(self) -> dict[str, Any]:
         """Everything /status shows and /metrics exports."""
@@ -132,6 +137,7 @@ class Status:
             "round": n.round,
             "phase": n.progress.phase,
             "since_progress_s": time.monotonic() - n.progress.beat,
+            "stall_limit_s": self.stall_limit_s(),
             "cumulative_reward": n.cumulative_reward,
             "last_round": None
             if last is None

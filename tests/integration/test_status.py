@@ -49,9 +49,9 @@ timeout_s = 600.0   # a stopped verifier worker holds the round loop (the stuck 
 [net]
 dht = false
 [status]
-stall_min_s = 3.0
-stall_factor = 3.0
-net_stall_s = 2.0
+stall_min_s = 2.0
+stall_factor = 2.0
+net_stall_s = 3.0
 """
     )
     return path
@@ -112,20 +112,19 @@ def node(tmp_path: Path, tiny_model_dir: Path):
     try:
         yield proc, data, tiny_model_dir
     finally:
-        for child in psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []:
-            child.send_signal(signal.SIGCONT)
-        if proc.poll() is None:
+        if proc.poll() is None:  # the test failed midway: let go of what it stopped, kill
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.send_signal(signal.SIGCONT)
             proc.kill()
         proc.communicate(timeout=30)
 
 
 def test_metrics_status_healthz_and_the_status_command(node, capsys) -> None:
     proc, data, model_dir = node
-    started = time.monotonic()
-    where = _wait(lambda: (data / "status.json").exists(), 120, "status.json", proc)
+    _wait(lambda: (data / "status.json").exists(), 120, "status.json", proc)
     base = json.loads((data / "status.json").read_text())["url"]
-    assert where and base.startswith("http://127.0.0.1:")
-    _wait(lambda: _status(base)["round"] >= 3, 120, "3 rounds", proc)
+    assert base.startswith("http://127.0.0.1:")
+    _wait(lambda: _status(base)["round"] >= 2, 120, "2 rounds", proc)
 
     code, body = _get(f"{base}/metrics")
     assert code == 200
@@ -135,7 +134,7 @@ def test_metrics_status_healthz_and_the_status_command(node, capsys) -> None:
         for s in family.samples
         if not s.labels or s.name == "sapo_info"
     }
-    assert metrics["sapo_round"] >= 3
+    assert metrics["sapo_round"] >= 2
     for name in (
         "sapo_reward",
         "sapo_cumulative_reward",
@@ -159,8 +158,8 @@ def test_metrics_status_healthz_and_the_status_command(node, capsys) -> None:
     facts = _status(base)
     assert facts["role"] == "node" and facts["model"] == str(model_dir)
     assert facts["peer_id"].startswith("12D3Koo") and facts["pid"] == proc.pid
-    assert facts["last_round"]["round"] == facts["round"] - 1 or facts["round"] > 3
-    assert facts["net"]["published"] >= 3 * 2 and facts["healthy"]
+    assert facts["round"] - 2 <= facts["last_round"]["round"] < facts["round"]
+    assert facts["net"]["published"] >= 2 * 4 and facts["healthy"]  # 4 own groups a round
     assert _get(f"{base}/healthz")[0] == 200
 
     code, out, _ = _status_command(data, capsys)
@@ -192,4 +191,3 @@ def test_metrics_status_healthz_and_the_status_command(node, capsys) -> None:
     assert not (data / "status.json").exists()
     code, _, err = _status_command(data, capsys)
     assert code == 1 and "no sapo-node is running with data directory" in err
-    print(f"{time.monotonic() - started:.1f} s")
