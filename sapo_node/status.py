@@ -73,8 +73,8 @@ class Status:
         self.node = node
         self.transport = node.transport if node is not None else transport
         self.role = "node" if node is not None else "relay"
-        self.started = time.time()
         self._process = psutil.Process()
+        self.started = self._process.create_time()
 
     def problems(self) -> list[str]:
         """Why the node is unhealthy; empty when it is not."""
@@ -193,7 +193,7 @@ def metric_families(f: dict[str, Any]) -> list[Metric]:
         out.append(family)
 
     gauge("sapo_healthy", "1 when /healthz answers 200, else 0.", f["healthy"])
-    gauge("sapo_uptime_seconds", "Seconds since the node started serving.", f["uptime_s"])
+    gauge("sapo_uptime_seconds", "Seconds since the node's process started.", f["uptime_s"])
     gauge("sapo_resident_memory_bytes", "Resident memory of the node process.", f["rss_mb"] * 2**20)
     if f["role"] == "node":
         gauge("sapo_round", "Rounds completed (the number of the next round).", f["round"])
