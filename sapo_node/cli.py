@@ -68,6 +68,7 @@ def _overrides(**flags: Any) -> dict[str, Any]:
         "announce": ("net", "announce"),
         "bootstrap": ("net", "bootstrap"),
         "offline": ("net", "enabled"),
+        "status_listen": ("status", "listen"),
     }
     out: dict[str, Any] = {}
     for name, value in flags.items():
@@ -153,6 +154,13 @@ def start(
             "own groups; never trains, takes nothing from the pool).",
         ),
     ] = False,
+    status_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT of the status endpoint (/status, /metrics, /healthz); default "
+            "127.0.0.1:4142, port 0 picks a free one."
+        ),
+    ] = None,
 ) -> None:
     """Start a node: load the model, join the swarm, then run rounds until stopped (Ctrl-C
     saves and exits)."""
@@ -172,6 +180,7 @@ def start(
         announce=announce,
         bootstrap=bootstrap,
         offline=offline,
+        status_listen=status_listen,
     )
     if generate and not no_train:
         raise UsageProblem("--generate is for a member that does not train: add --no-train")
@@ -190,6 +199,7 @@ def start(
     from sapo_node.node import DataDirInUse, Node
     from sapo_node.policy import ModelLoadError
     from sapo_node.pool import PoolError
+    from sapo_node.status import Status
     from sapo_node.tasks import RG_VERSION
 
     log.info("config", **json.loads(cfg.model_dump_json()))
@@ -200,6 +210,7 @@ def start(
         return
     if cfg.net.enabled:
         _check_ports(cfg)  # before the model loads: a busy port is found at once
+    endpoint = _status_endpoint(cfg)
     try:
         node = Node(cfg, stop=stop)
     except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:
@@ -223,11 +234,15 @@ def start(
         reasoning_gym=RG_VERSION,
     )
 
+    if endpoint is not None:
+        endpoint.serve(Status(cfg, node=node))
     try:
         done = node.run()
     except CheckpointError as exc:
         _fail(str(exc))
     finally:
+        if endpoint is not None:
+            endpoint.close()
         node.close()
         if node.transport is not None:
             node.transport.close()
@@ -264,6 +279,18 @@ def _check_ports(cfg: Any) -> None:
         raise UsageProblem(f"net.listen: {exc}") from None
 
 
+def _status_endpoint(cfg: Any):
+    """The status endpoint, its address bound now (None when it is off)."""
+    if not cfg.status.enabled:
+        return None
+    from sapo_node.status import StatusError, StatusServer
+
+    try:
+        return StatusServer(cfg.status.listen)
+    except StatusError as exc:
+        _fail(str(exc))
+
+
 def _open_transport(cfg: Any, data_dir: Path):
     """The libp2p transport, started; a clear one-line error (exit 1) if it cannot."""
     import structlog
@@ -296,7 +323,12 @@ def _relay(cfg: Any, stop: threading.Event, log: Any) -> None:
     except DataDirInUse as exc:
         _fail(str(exc))
     _check_ports(cfg)
+    endpoint = _status_endpoint(cfg)
     transport = _open_transport(cfg, data_dir)
+    if endpoint is not None:
+        from sapo_node.status import Status
+
+        endpoint.serve(Status(cfg, transport=transport))
     try:
         while not stop.wait(10.0):
             transport.received()  # a relay forwards; it keeps nothing
@@ -311,6 +343,8 @@ def _relay(cfg: Any, stop: threading.Event, log: Any) -> None:
                 restarts=s.restarts,
             )
     finally:
+        if endpoint is not None:
+            endpoint.close()
         transport.close()
         lock.close()
     log.info("stopped")
@@ -713,6 +747,26 @@ def show_pool(
         typer.echo(json.dumps(summary(cfg.node.resolved_data_dir() / "pool.sqlite3"), indent=2))
     except PoolError as exc:
         _fail(str(exc))
+
+
+@app.command("status")
+def show_status(
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="The node's state directory.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print /status as JSON.")] = False,
+) -> None:
+    """Ask the node running with this data directory how it is doing (exit 1 if none
+    answers or it is unhealthy)."""
+    from sapo_node.status import StatusError, read_status, summary
+
+    cfg = _config(config, data_dir=data_dir)
+    try:
+        facts = read_status(cfg.node.resolved_data_dir())
+    except StatusError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(facts, indent=2) if as_json else "\n".join(summary(facts)))
+    if not facts["healthy"]:
+        raise SystemExit(1)
 
 
 @app.command("config")

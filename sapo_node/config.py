@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "SAPO_"
 
@@ -445,6 +452,58 @@ class EvalSection(_Section):
     )
 
 
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 in brackets) as (host, port); ValueError says what is wrong.
+
+    >>> parse_host_port("127.0.0.1:4142"), parse_host_port("[::1]:0")
+    (('127.0.0.1', 4142), ('::1', 0))
+    """
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:4142; port 0 picks one)")
+    return host, int(port)
+
+
+class StatusSection(_Section):
+    """The status endpoint: /metrics (Prometheus), /status (JSON), /healthz. See README
+    "Status endpoint"."""
+
+    enabled: bool = Field(True, description="Serve the status endpoint.")
+    listen: str = Field(
+        "127.0.0.1:4142",
+        description="HOST:PORT to serve on, never the swarm port; port 0 picks a free one "
+        "(sapo-node status finds it); 0.0.0.0 serves every interface.",
+    )
+    stall_factor: float = Field(
+        10.0,
+        ge=1.0,
+        le=1000.0,
+        description="/healthz fails when no phase of the round loop has finished for this "
+        "many times the median of the last 10 rounds' durations...",
+    )
+    stall_min_s: float = Field(
+        600.0,
+        gt=0.0,
+        le=30 * 86400.0,
+        description="... and never sooner than this many seconds (also the allowance for "
+        "the first round).",
+    )
+    net_stall_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=86400.0,
+        description="/healthz fails when the network process (it reports every second) "
+        "has been silent this long: dead and not restarted, or stuck.",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_host_port(value)
+        return value
+
+
 class Config(_Section):
     """The whole node config."""
 
@@ -458,6 +517,7 @@ class Config(_Section):
     pool: PoolSection = Field(default_factory=PoolSection)
     net: NetSection = Field(default_factory=NetSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    status: StatusSection = Field(default_factory=StatusSection)
 
     @model_validator(mode="after")
     def _cross(self) -> Config:

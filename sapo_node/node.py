@@ -40,7 +40,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,19 +135,46 @@ def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
     )
 
 
-class Timer:
-    """Wall-clock seconds per named phase."""
+class Progress:
+    """Where the round loop is, for the status endpoint (status.py), which reads it from
+    its own thread: the phase now, when a phase or round last finished (monotonic
+    seconds) and how long the recent rounds took."""
 
     def __init__(self) -> None:
+        self.phase = "starting"
+        self.beat = time.monotonic()
+        self.recent_rounds: deque[float] = deque(maxlen=10)
+        self._open: list[str] = []
+
+    def enter(self, name: str) -> None:
+        self._open.append(name)
+        self.phase = name
+
+    def leave(self, name: str, seconds: float) -> None:
+        self._open.pop()
+        self.phase = self._open[-1] if self._open else "between rounds"
+        self.beat = time.monotonic()
+        if name == "round":
+            self.recent_rounds.append(seconds)
+
+
+class Timer:
+    """Wall-clock seconds per named phase, each phase also marked in ``progress``."""
+
+    def __init__(self, progress: Progress) -> None:
         self.seconds: dict[str, float] = {}
+        self.progress = progress
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
+        self.progress.enter(name)
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + spent
+            self.progress.leave(name, spent)
 
 
 class Node:
@@ -216,12 +243,17 @@ class Node:
         self.round = 0
         self.cumulative_reward = 0.0
         self.failure: str | None = None
+        # What the status endpoint reads: the loop's progress, the last round recorded
+        # and the last one that ran the held-out evaluation.
+        self.progress = Progress()
+        self.last_record: dict[str, Any] | None = None
+        self.last_eval: dict[str, Any] | None = None
 
     # --- the loop ---------------------------------------------------------------------
 
     def run_round(self, r: int) -> dict[str, Any]:
         """Algorithm 1, one round; returns the round's metrics."""
-        s, timer = self.config.train, Timer()
+        s, timer = self.config.train, Timer(self.progress)
         with timer("round"):
             inbound = self._take_in()
             external = self._take_external(r) if self.trains else []
@@ -252,7 +284,8 @@ class Node:
         record.update(_age_record(external, self.pool.clock()))
         record.update(self._net_record(published, inbound))
         if self.config.eval.every and (r + 1) % self.config.eval.every == 0:
-            report = self.evaluate()
+            with timer("eval"):
+                report = self.evaluate()
             if not self.stop.is_set():  # a stop cut it short: the round stands without it
                 record.update(report.metrics())
         return record
@@ -286,6 +319,9 @@ class Node:
                     break
                 self.round += 1
                 done_here += 1
+                self.last_record = record
+                if "eval/pass1" in record:
+                    self.last_eval = record
                 _log_round(record)
                 if self.round % self.config.node.checkpoint_every == 0:
                     self.save()

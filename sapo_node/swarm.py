@@ -48,6 +48,7 @@ CHILD_ENV = {
     "SAPO_NET__MDNS": "false",
     "SAPO_NET__ANNOUNCE": "[]",
     "SAPO_NET__BOOTSTRAP": "[]",
+    "SAPO_STATUS__LISTEN": '"127.0.0.1:0"',  # each its own port (sapo-node status finds it)
     "PYTHONUNBUFFERED": "1",
 }
 

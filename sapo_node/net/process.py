@@ -83,6 +83,9 @@ class Libp2pTransport:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ready = threading.Event()
         self._fatal: str | None = None
+        # When the child last sent a frame (monotonic): it reports every second, so a
+        # long silence means it is stuck, or dead and not restarted (status.py's /healthz).
+        self.heard_at = time.monotonic()
         self._spawn()
         if not self._ready.wait(start_timeout_s) or self._fatal:
             reason = self._fatal or f"no answer in {start_timeout_s:.0f} s"
@@ -198,6 +201,7 @@ class Libp2pTransport:
                 frame = None
             if frame is None:
                 return
+            self.heard_at = time.monotonic()
             kind = frame[0]
             if kind == "message":
                 self._inbox.put(Received(frame[1], frame[2]))

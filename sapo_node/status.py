@@ -1,0 +1,462 @@
+"""The status endpoint: a running node's state, for people and for Prometheus.
+
+A thread of the node process serves HTTP on an address of its own (``[status] listen``,
+127.0.0.1:4142 by default; never the swarm port):
+
+- ``/metrics``: the Prometheus text format (prometheus-client), ``sapo_*`` metrics;
+- ``/status``: the same facts as JSON, with the version, peer ID, model, uptime and the
+  last round's whole record (as in metrics.jsonl);
+- ``/healthz``: 200 when healthy, 503 and the problems when not.
+
+Every answer is built when it is asked for, from the node's current state
+(:meth:`Status.facts`): the round loop keeps no counters for the endpoint, and one
+snapshot feeds all three paths.
+
+Healthy means both
+
+- the round loop moves: some phase (generate, score, train, eval) or round finished
+  within ``stall_factor`` times the median of the last 10 rounds' durations, and never
+  sooner than ``stall_min_s`` (also the allowance for the first round);
+- the network process speaks: it reports every second, so a silence of ``net_stall_s``
+  means it is stuck, or dead and not restarted.
+
+Once it serves, the node writes the endpoint's address to ``<data-dir>/status.json`` and
+removes it when it stops; ``sapo-node status`` finds the endpoint there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from sapo_node import __version__
+from sapo_node.checkpoint import write_text_atomic
+from sapo_node.config import Config, parse_host_port
+
+log = structlog.get_logger(__name__)
+
+STATUS_FILE = "status.json"
+
+
+class StatusError(RuntimeError):
+    """The endpoint cannot be served, or no node answers where one should."""
+
+
+class Status:
+    """What a running node (``node``) or relay (only a ``transport``) reports, read from
+    their state each time it is asked for."""
+
+    def __init__(self, config: Config, *, node: Any = None, transport: Any = None) -> None:
+        self.config = config
+        self.node = node
+        self.transport = node.transport if node is not None else transport
+        self.role = "node" if node is not None else "relay"
+        self._process = psutil.Process()
+        self.started = self._process.create_time()
+
+    def problems(self) -> list[str]:
+        """Why the node is unhealthy; empty when it is not."""
+        s, now, out = self.config.status, time.monotonic(), []
+        if self.node is not None:
+            p, limit = self.node.progress, self.stall_limit_s()
+            if now - p.beat > limit:
+                out.append(
+                    f"round loop: nothing finished for {now - p.beat:.0f} s, in phase "
+                    f"{p.phase!r} (limit {limit:.0f} s)"
+                )
+        heard = getattr(self.transport, "heard_at", None)  # a transport with a process
+        if heard is not None and now - heard > s.net_stall_s:
+            out.append(
+                f"network process: silent for {now - heard:.0f} s (limit {s.net_stall_s:.0f} s)"
+            )
+        return out
+
+    def stall_limit_s(self) -> float:
+        """How long the round loop may go without finishing a phase or round."""
+        s, recent = self.config.status, self.node.progress.recent_rounds
+        return max(s.stall_min_s, s.stall_factor * (statistics.median(recent) if recent else 0.0))
+
+    def facts(self) -> dict[str, Any]:
+        """Everything /status shows and /metrics exports."""
+        problems = self.problems()
+        now = time.time()
+        facts: dict[str, Any] = {
+            "version": __version__,
+            "role": self.role,
+            "pid": os.getpid(),
+            "peer_id": getattr(self.transport, "peer_id", None),
+            "data_dir": str(self.config.node.resolved_data_dir()),
+            "started": round(self.started, 3),
+            "uptime_s": round(now - self.started, 3),
+            "rss_mb": self._process.memory_info().rss / 2**20,
+            "healthy": not problems,
+            "problems": problems,
+        }
+        if self.node is not None:
+            facts.update(self._node_facts(now))
+        if self.transport is not None:
+            net = vars(self.transport.stats())
+            heard = getattr(self.transport, "heard_at", None)
+            if heard is not None:
+                net["silent_s"] = time.monotonic() - heard
+            facts["net"] = net
+        return facts
+
+    def _node_facts(self, now: float) -> dict[str, Any]:
+        n, m = self.node, self.config.model
+        last, ev = n.last_record, n.last_eval
+        outcomes: Counter[str] = Counter()
+        for counts in n.pool.counts().values():
+            outcomes.update(counts)
+        return {
+            "model": m.name,
+            "device": str(n.policy.device),
+            "lora": m.lora.enabled,
+            "round": n.round,
+            "phase": n.progress.phase,
+            "since_progress_s": time.monotonic() - n.progress.beat,
+            "stall_limit_s": self.stall_limit_s(),
+            "cumulative_reward": n.cumulative_reward,
+            "last_round": None
+            if last is None
+            else {
+                "ago_s": now - last["time"],
+                **{k: v for k, v in last.items() if not k.startswith("eval/per_task")},
+            },
+            "last_eval": None
+            if ev is None
+            else {
+                "round": ev["round"],
+                **{
+                    k.removeprefix("eval/"): v
+                    for k, v in ev.items()
+                    if k.startswith("eval/") and not k.startswith("eval/per_task")
+                },
+            },
+            "pool": {"groups": len(n.pool), "mb": n.pool.size_bytes() / 2**20},
+            "peer_groups": dict(outcomes.most_common()),
+        }
+
+
+# --- /metrics ------------------------------------------------------------------------------
+
+
+class _Collector(Collector):
+    """Prometheus metrics of a :class:`Status`, built at each scrape."""
+
+    def __init__(self, status: Status) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(metric_families(self.status.facts()))
+
+
+def metric_families(f: dict[str, Any]) -> list[Metric]:
+    """The ``sapo_*`` metrics of one snapshot of facts."""
+    out: list[Metric] = [
+        InfoMetricFamily(
+            "sapo",
+            "What runs here.",
+            value={k: str(f.get(k) or "") for k in ("version", "role", "peer_id", "model")},
+        )
+    ]
+
+    def gauge(name: str, doc: str, value: float) -> None:
+        out.append(GaugeMetricFamily(name, doc, value=float(value)))
+
+    def labelled(name: str, doc: str, label: str, values: dict[str, float], kind=GaugeMetricFamily):
+        family = kind(name, doc, labels=[label])
+        for key, value in values.items():
+            family.add_metric([key], float(value))
+        out.append(family)
+
+    gauge("sapo_healthy", "1 when /healthz answers 200, else 0.", f["healthy"])
+    gauge("sapo_uptime_seconds", "Seconds since the node's process started.", f["uptime_s"])
+    gauge("sapo_resident_memory_bytes", "Resident memory of the node process.", f["rss_mb"] * 2**20)
+    if f["role"] == "node":
+        gauge("sapo_round", "Rounds completed (the number of the next round).", f["round"])
+        gauge(
+            "sapo_seconds_since_progress",
+            "Seconds since a phase or round of the loop last finished.",
+            f["since_progress_s"],
+        )
+        gauge("sapo_cumulative_reward", "Sum of the rounds' mean rewards.", f["cumulative_reward"])
+        gauge("sapo_pool_groups", "Peers' groups held in the pool.", f["pool"]["groups"])
+        gauge("sapo_pool_bytes", "Bytes of the messages held in the pool.", f["pool"]["mb"] * 2**20)
+        labelled(
+            "sapo_peer_groups",
+            "Peers' groups by outcome: accepted, refused (by reason), evicted or expired; "
+            "counted since the pool was created.",
+            "outcome",
+            f["peer_groups"],
+            CounterMetricFamily,
+        )
+        if (r := f["last_round"]) is not None:
+            _round_metrics(r, gauge, labelled)
+        if (e := f["last_eval"]) is not None:
+            gauge("sapo_eval_round", "Round of the last held-out evaluation.", e["round"])
+            gauge("sapo_eval_pass1", "Held-out pass@1 at the sampling temperature.", e["pass1"])
+            gauge("sapo_eval_greedy", "Held-out greedy accuracy.", e["greedy"])
+    if (n := f.get("net")) is not None:
+        gauge("sapo_peers", "Swarm peers on the topic now.", n["peers"])
+        for key, name, doc in (
+            ("published", "sapo_net_published", "Groups handed to the network."),
+            ("publish_dropped", "sapo_net_unsent", "Groups not shared: the queue was full."),
+            ("received", "sapo_net_received", "Messages received that passed the wire checks."),
+            ("rejected", "sapo_net_rejected", "Messages refused by the network's wire checks."),
+            ("inbox_dropped", "sapo_net_inbox_dropped", "Messages dropped, the inbox full."),
+            ("bytes_in", "sapo_net_received_bytes", "Bytes received (GossipSub frames)."),
+            ("bytes_out", "sapo_net_sent_bytes", "Bytes sent (GossipSub frames)."),
+            ("restarts", "sapo_net_restarts", "Restarts of the network process."),
+        ):
+            out.append(CounterMetricFamily(name, doc, value=float(n[key])))
+        if "silent_s" in n:
+            gauge(
+                "sapo_net_seconds_since_report",
+                "Seconds since the network process last reported.",
+                n["silent_s"],
+            )
+    return out
+
+
+def _round_metrics(r: dict[str, Any], gauge, labelled) -> None:
+    """The last round's record as gauges."""
+    gauge("sapo_last_round_timestamp_seconds", "When the last round was recorded.", r["time"])
+    gauge("sapo_reward", "Mean reward of the node's own completions, last round.", r["reward_mean"])
+    gauge("sapo_answer_tag_rate", "Own completions with answer tags.", r["answer_tag_rate"])
+    gauge("sapo_tokens_per_second", "Generation speed, last round.", r["tokens_per_s"])
+    gauge("sapo_train_loss", "GRPO loss, last round.", r["train/loss"])
+    families = {k.removeprefix("reward/"): v for k, v in r.items() if k.startswith("reward/")}
+    labelled("sapo_family_reward", "Mean own reward per family, last round.", "family", families)
+    levels = {k.removeprefix("level/"): v for k, v in r.items() if k.startswith("level/")}
+    labelled("sapo_family_level", "Curriculum level per family.", "family", levels)
+    labelled(
+        "sapo_round_groups",
+        "Groups in the last round: own, peers', and trained on (with signal).",
+        "kind",
+        {
+            "local": r["local_groups"],
+            "external": r["external_groups"],
+            "trained": r["groups_trained"],
+        },
+    )
+    labelled(
+        "sapo_phase_seconds",
+        "Seconds per phase of the last round.",
+        "phase",
+        {p: r[f"t_{p}"] for p in ("generate", "score", "train", "round")},
+    )
+    if "external_age_s" in r:
+        gauge(
+            "sapo_trained_group_age_seconds",
+            "Mean age of the peers' groups the last round trained on.",
+            r["external_age_s"],
+        )
+
+
+# --- the server ----------------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    status: Status
+    registry: CollectorRegistry
+
+
+class _HTTPServer6(_HTTPServer):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        path = urlsplit(self.path).path
+        try:
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+            elif path == "/status":
+                self._json(200, self.server.status.facts())
+            elif path == "/healthz":
+                problems = self.server.status.problems()
+                body = {"healthy": not problems, "problems": problems}
+                self._json(503 if problems else 200, body)
+            else:
+                self._send(404, "text/plain", b"not found: try /status, /metrics or /healthz\n")
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client left
+        except Exception as exc:  # a bad moment of the node's state must not end the endpoint
+            log.error("status request failed", path=path, error=repr(exc))
+            self._send(500, "text/plain", f"{type(exc).__name__}: {exc}\n".encode())
+
+    def _json(self, code: int, body: dict[str, Any]) -> None:
+        self._send(code, "application/json", json.dumps(body, indent=1).encode() + b"\n")
+
+    def _send(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        """Requests are not logged (Prometheus scrapes every few seconds)."""
+
+
+class StatusServer:
+    """The endpoint. Its address is bound at construction, so a busy port is found before
+    the model loads; :meth:`serve` starts answering once there is a node to describe."""
+
+    def __init__(self, listen: str) -> None:
+        host, port = parse_host_port(listen)
+        server = _HTTPServer6 if ":" in host else _HTTPServer
+        try:
+            self._httpd = server((host, port), _Handler, bind_and_activate=True)
+        except OSError as exc:
+            raise StatusError(
+                f"the status endpoint cannot listen on {listen}: {exc.strerror or exc}; "
+                "choose another with --status-listen HOST:PORT (port 0 picks a free one) "
+                "or set status.enabled = false"
+            ) from None
+        self._thread: threading.Thread | None = None
+        self._file: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """Where a client on this machine reaches the endpoint."""
+        host, port = self._httpd.server_address[:2]
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def serve(self, status: Status) -> None:
+        """Answer in a thread from now on, and say where in ``<data-dir>/status.json``."""
+        registry = CollectorRegistry()
+        registry.register(_Collector(status))
+        self._httpd.status, self._httpd.registry = status, registry
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="status"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+        self._file = status.config.node.resolved_data_dir() / STATUS_FILE
+        where = {"url": self.url, "pid": os.getpid(), "started": status.started}
+        write_text_atomic(self._file, json.dumps(where) + "\n")
+        log.info("status endpoint", url=self.url, paths="/status /metrics /healthz")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.unlink(missing_ok=True)
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+        self._httpd.server_close()
+
+
+# --- the client: sapo-node status ----------------------------------------------------------
+
+
+def read_status(data_dir: Path, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The /status of the node running with ``data_dir``; StatusError if none answers."""
+    path = data_dir / STATUS_FILE
+    try:
+        where = json.loads(path.read_text(encoding="utf-8"))
+        url = where["url"]
+    except FileNotFoundError:
+        raise StatusError(
+            f"no sapo-node is running with data directory {data_dir} (no {STATUS_FILE}; "
+            "or its status endpoint is off)"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StatusError(f"cannot read {path}: {exc}") from None
+    # Loopback is never reached through a proxy set in the environment.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{url}/status", timeout=timeout_s) as answer:
+            return json.loads(answer.read())
+    except (OSError, ValueError) as exc:  # urllib's errors are OSErrors
+        reason = getattr(exc, "reason", exc)
+        raise StatusError(
+            f"no sapo-node answers at {url} ({reason}); {path} names pid {where.get('pid')}, "
+            "which may have been killed"
+        ) from None
+
+
+def summary(f: dict[str, Any]) -> list[str]:
+    """A few lines for people, from the facts of /status."""
+    lines = [
+        f"sapo-node {f['version']} {f['role']}, pid {f['pid']}, up {_duration(f['uptime_s'])}, "
+        f"peer id {f['peer_id'] or '(offline)'}"
+    ]
+    if f["role"] == "node":
+        lora = " (LoRA)" if f["lora"] else ""
+        lines.append(f"model {f['model']}{lora} on {f['device']}; data {f['data_dir']}")
+        last = f["last_round"]
+        if last is None:
+            lines.append(f"{f['round']} rounds done, none yet in this run; now: {f['phase']}")
+        else:
+            lines.append(
+                f"{f['round']} rounds done, the last {_duration(last['ago_s'])} ago in "
+                f"{last['t_round']:.1f} s (generate {last['t_generate']:.1f}, score "
+                f"{last['t_score']:.1f}, train {last['t_train']:.1f}); now: {f['phase']}"
+            )
+            lines.append(
+                f"reward {last['reward_mean']:.3f} (last round), cumulative "
+                f"{f['cumulative_reward']:.2f}"
+            )
+        if (e := f["last_eval"]) is not None:
+            lines.append(
+                f"held-out pass@1 {e['pass1']:.3f}, greedy {e['greedy']:.3f} (round {e['round']})"
+            )
+        outcomes = ", ".join(f"{k} {v}" for k, v in f["peer_groups"].items()) or "none yet"
+        lines.append(
+            f"pool {f['pool']['groups']} groups ({f['pool']['mb']:.1f} MiB); "
+            f"peers' groups: {outcomes}"
+        )
+    if (n := f.get("net")) is not None:
+        lines.append(
+            f"swarm: {n['peers']} peers; groups out {n['published']} ({n['publish_dropped']} "
+            f"unsent), in {n['received']} ({n['rejected']} refused by the network); "
+            f"{n['bytes_in'] / 2**20:.1f} MiB in, {n['bytes_out'] / 2**20:.1f} MiB out; "
+            f"network restarts {n['restarts']}"
+        )
+    lines.append(f"memory {f['rss_mb']:.0f} MiB")
+    lines.append("healthy" if f["healthy"] else "UNHEALTHY: " + "; ".join(f["problems"]))
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    """Seconds for people.
+
+    >>> _duration(42.4), _duration(3725), _duration(90061)
+    ('42 s', '1 h 02 min', '1 d 01 h')
+    """
+    s = int(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600:02d} h"
