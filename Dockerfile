@@ -37,12 +37,14 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY README.md ./
 COPY sapo_node ./sapo_node
 RUN pip install --no-compile --no-deps .
-# Byte code only for what a node imports, compiled here by importing it: the runtime user
-# cannot write it, and the rest (transformers' other models, most of sympy, ...) would
-# be about 200 MB of .pyc that no node reads.
-RUN python -W ignore -c "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" \
+# Byte code only for what a node imports (the list: what one offline round imported),
+# compiled here by importing it, from / so that the installed package is the one found.
+# The runtime user cannot write .pyc, and the rest (transformers' other models, most of
+# sympy, ...) would be about 200 MB of it that no node reads.
+RUN cd / && python -W ignore -c "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" \
     sapo_node.cli sapo_node.node sapo_node.net.process sapo_node.net.host sapo_node.evaluate \
-    sapo_node.experiment sapo_node.swarm sapo_node.plot peft \
+    sapo_node.experiment sapo_node.swarm sapo_node.plot sapo_node.sandbox reasoning_gym peft \
+    pydantic.type_adapter typer._adapters typer._click.decorators \
     transformers.models.auto.modeling_auto transformers.models.auto.tokenization_auto \
     transformers.models.llama.modeling_llama transformers.models.llama.tokenization_llama \
     transformers.models.gpt2.tokenization_gpt2 transformers.modeling_gguf_pytorch_utils \
