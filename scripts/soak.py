@@ -3,7 +3,8 @@
 Every node is a real ``sapo-node start`` process (the tiny model of the tests, libp2p on
 127.0.0.1 only, no mDNS), with its own data directory and port, bootstrapped to all the
 others. Every ``--kill-every`` seconds one node, chosen at random (``--seed``) among
-those that have run a round since they last started, is killed with SIGKILL and started
+those that have run enough rounds since they last started to have saved a checkpoint
+(the kill waits until one has), is killed with SIGKILL and started
 again on the same data directory and port, so it must resume from its checkpoint. At the
 end every node is stopped with SIGTERM and the soak reports, on stdout and in
 OUT/report.json:
@@ -11,9 +12,10 @@ OUT/report.json:
 - survivor crashes: node processes that ended without the soak killing them (each is
   started again, so that the soak goes on), and nodes that did not exit 0 on SIGTERM;
 - RSS: each node's process tree (the node and its network process), sampled every
-  ``--sample-every`` s; samples of a process younger than ``--settle`` s or taken in
-  the first ``--warmup`` s of the run are left out; growth is the median of the last
-  tenth of the rest of the run against the median of its first tenth;
+  ``--sample-every`` s; samples taken less than ``--settle`` s after the process's
+  first round, or in the first ``--warmup`` s of the run, are left out; growth is the
+  median of the rest in the last tenth of the run after the warm-up against their
+  median in its first tenth (from the node's first sample left in);
 - groups: published per node (its metrics.jsonl, read as the run goes, so that rounds
   a restart cuts from the file are still counted), and received from it by each of the
   others (their pools' per-author counts: accepted, and refused by reason);
@@ -68,7 +70,7 @@ from tests.support.tiny import build_tiny_model  # noqa: E402
 # then stay within the 2 groups/s per author that peers accept.
 CONFIG = """
 [node]
-checkpoint_every = 5
+checkpoint_every = {checkpoint_every}
 threads = 1
 [model]
 name = "{model}"
@@ -90,6 +92,7 @@ sampling = "uniform"
 swarm = "{swarm}"
 redial_s = 1.0
 """
+CHECKPOINT_EVERY = 5
 FIRST_ROUND_GRACE_S = 120.0  # at the end, how long a process started last may take
 LAST_ROUNDS = 5  # "its last rounds", for the unable-to-publish check
 POOL_EVERY_S = 30.0  # how often the pools' per-author counts are read
@@ -133,6 +136,7 @@ class Life:
     after: str  # "first start", "kill", "crash"
     ended: float | None = None
     killed: bool = False
+    orphans: int = 0  # its processes still there 20 s after it was SIGKILLed
     returncode: int | None = None
     first_round: int | None = None  # the first metrics round this process wrote
     first_round_at: float | None = None
@@ -200,8 +204,7 @@ class Node:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
         _, alive = psutil.wait_procs(procs[1:], timeout=20)
-        if alive:
-            print(f"[soak] {self.name}: {len(alive)} child process(es) outlived SIGKILL")
+        self.life.orphans = len(alive)  # its network process should exit by itself
         self._killpg(signal.SIGKILL)
         self.life.killed, self.life.ended, self.life.returncode = True, now, self.proc.returncode
 
@@ -241,6 +244,7 @@ class Soak:
         self.kills: list[dict] = []
         self.crashes: list[dict] = []
         self.stop_codes: dict[str, int | None] = {}
+        self.ran_s = 0.0
         self.nodes: list[Node] = []
 
     def now(self) -> float:
@@ -251,7 +255,11 @@ class Soak:
         model = build_tiny_model(self.out / "model")
         config = self.out / "node.toml"
         swarm = f"soak-{self.args.seed}"
-        config.write_text(CONFIG.format(model=model, tokens=self.args.tokens, swarm=swarm))
+        config.write_text(
+            CONFIG.format(
+                model=model, checkpoint_every=CHECKPOINT_EVERY, tokens=self.args.tokens, swarm=swarm
+            )
+        )
         env = {
             **os.environ,
             "PYTHONPATH": str(REPO),
@@ -277,26 +285,26 @@ class Soak:
                 if not n.alive():
                     self._crashed(n, t)
             if t >= next_sample:
-                for n in self.nodes:
-                    n.read_metrics()
-                    self._note_first_round(n)
-                    n.sample(t)
+                self._tick(t)
                 next_sample += a.sample_every
             if t >= next_pool:
                 for n in self.nodes:
                     n.read_pool(t)
                 next_pool += POOL_EVERY_S
-            if t >= next_kill:
-                self._churn(t)
+            if t >= next_kill and self._churn(t):
                 next_kill += a.kill_every
             time.sleep(0.2)
         # a process started last must run a round before the end, or its resume is unproven
         grace = a.duration + FIRST_ROUND_GRACE_S
         while self.now() < grace and any(n.life.first_round is None for n in self.nodes):
-            for n in self.nodes:
-                n.read_metrics()
-                self._note_first_round(n)
+            self._tick(self.now())
             time.sleep(1.0)
+
+    def _tick(self, t: float) -> None:
+        for n in self.nodes:
+            n.read_metrics()
+            self._note_first_round(n)
+            n.sample(t)
 
     def _note_first_round(self, n: Node) -> None:
         life = n.life
@@ -309,24 +317,39 @@ class Soak:
             life.first_round = first["round"]
             life.first_round_at = self.now() - (time.time() - first["time"])
 
+    def _saved_since_start(self, n: Node) -> bool:
+        """Whether the node's process has run enough rounds to have saved a checkpoint."""
+        life = n.life
+        if life.first_round is None:
+            return False
+        rounds = [r["round"] for r in n.records.values()]
+        return max(rounds) >= life.first_round + CHECKPOINT_EVERY
+
     def _crashed(self, n: Node, t: float) -> None:
         life = n.life
         life.ended, life.returncode = t, n.proc.returncode
         crash = {"node": n.name, "t": round(t, 1), "returncode": n.proc.returncode}
         crash["log_tail"] = _tail(life.log)
         self.crashes.append(crash)
-        print(f"[soak] {t:7.0f} s  {n.name} CRASHED (exit {n.proc.returncode}); restarting")
+        print(
+            f"[soak] {t:7.0f} s  {n.name} CRASHED (exit {n.proc.returncode}); restarting",
+            flush=True,
+        )
         n.start(self.nodes, t, "crash")
 
-    def _churn(self, t: float) -> None:
-        ready = [n for n in self.nodes if n.alive() and n.life.first_round is not None]
-        victim = self.rng.choice(ready or [n for n in self.nodes if n.alive()] or self.nodes)
-        victim.read_metrics()
+    def _churn(self, t: float) -> bool:
+        """Kill a random node among those with a checkpoint of this process to resume
+        from, and start it again; False (to try again shortly) if none has one yet."""
+        ready = [n for n in self.nodes if n.alive() and self._saved_since_start(n)]
+        if not ready:
+            return False
+        victim = self.rng.choice(ready)
         rounds = [r["round"] for r in victim.records.values()]
-        print(f"[soak] {t:7.0f} s  SIGKILL {victim.name} (last round {max(rounds, default=-1)})")
+        print(f"[soak] {t:7.0f} s  SIGKILL {victim.name} (last round {max(rounds)})", flush=True)
         victim.kill(t)
         self.kills.append({"node": victim.name, "t": round(t, 1), "life": victim.life.index})
         victim.start(self.nodes, self.now(), "kill")
+        return True
 
     def stop(self) -> None:
         """SIGTERM all (each saves and exits 0), then SIGKILL whatever is left."""
@@ -349,6 +372,7 @@ class Soak:
         for n in self.nodes:
             n.read_metrics()
             n.read_pool(self.now())
+        self.ran_s = self.now()
 
     def cleanup(self) -> None:
         for n in self.nodes:
@@ -359,19 +383,56 @@ class Soak:
 
     # --- the report -----------------------------------------------------------------------
 
+    def state(self) -> dict[str, Any]:
+        """The raw figures, from which ``--report-only`` makes the report again."""
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items()}
+        return {
+            "settings": settings,
+            "ran_s": self.ran_s,
+            "kills": self.kills,
+            "crashes": self.crashes,
+            "stop_codes": self.stop_codes,
+            "nodes": {
+                n.name: {
+                    "port": n.port,
+                    "lives": [vars(life) | {"log": str(life.log)} for life in n.lives],
+                    "records": list(n.records.values()),
+                    "rss": n.rss,
+                    "pool_counts": n.pool_counts,
+                }
+                for n in self.nodes
+            },
+        }
+
+    def load(self) -> None:
+        st = json.loads((self.out / "state.json").read_text())
+        self.kills, self.crashes, self.stop_codes = st["kills"], st["crashes"], st["stop_codes"]
+        self.ran_s = st["ran_s"]
+        given = {"out", "report_only", "settle", "max_rss_growth"}  # may differ this time
+        if self.args.warmup is not None:
+            given.add("warmup")
+        for k, v in st["settings"].items():
+            if k not in given:
+                setattr(self.args, k, v)
+        for name, v in st["nodes"].items():
+            n = Node(name, self.out / "nodes", self.out / "node.toml", {}, 0, v["port"])
+            n.lives = [Life(**(life | {"log": Path(life["log"])})) for life in v["lives"]]
+            n.records = {(r["round"], r["time"]): r for r in v["records"]}
+            n.rss = [tuple(x) for x in v["rss"]]
+            n.pool_counts = [tuple(x) for x in v["pool_counts"]]
+            self.nodes.append(n)
+
     def report(self) -> dict[str, Any]:
-        a, end = self.args, self.now()
+        a = self.args
         by_peer = {n.peer_id: n.name for n in self.nodes}
         tenth = max((a.duration - a.warmup) / 10, 3 * a.sample_every)
-        first_win = (a.warmup, a.warmup + tenth)
-        last_win = (a.duration - tenth, a.duration + 1)
         nodes: dict[str, Any] = {}
         pool_refusals: Counter[str] = Counter()
         received_from: dict[str, Counter[str]] = {n.name: Counter() for n in self.nodes}
         recent_from: dict[str, int] = dict.fromkeys(by_peer.values(), 0)
         for n in self.nodes:
             final = n.pool_counts[-1][1] if n.pool_counts else {}
-            before = _counts_at(n.pool_counts, last_win[0])
+            before = _counts_at(n.pool_counts, a.duration - tenth)
             for author, counts in final.items():
                 name = by_peer.get(author, author[:16])
                 for outcome, k in counts.items():
@@ -393,11 +454,10 @@ class Soak:
         restarts = self._restarts()
         for n in self.nodes:
             recs = sorted(n.records.values(), key=lambda r: (r["time"], r["round"]))
-            settled = [
-                s for s in n.rss if s[0] >= a.warmup and s[0] - n.lives[s[3]].started >= a.settle
-            ]
-            first = [s[1] + s[2] for s in settled if first_win[0] <= s[0] < first_win[1]]
-            last = [s[1] + s[2] for s in settled if last_win[0] <= s[0] < last_win[1]]
+            settled = [s for s in n.rss if s[0] >= a.warmup and self._settled(n.lives[s[3]], s[0])]
+            t_first, t_last = (settled[0][0], settled[-1][0]) if settled else (0, 0)
+            first = [s[1] + s[2] for s in settled if s[0] < t_first + tenth]
+            last = [s[1] + s[2] for s in settled if s[0] > t_last - tenth]
             rss: dict[str, Any] = {
                 "first_mb": round(statistics.median(first), 1) if first else None,
                 "last_mb": round(statistics.median(last), 1) if last else None,
@@ -467,7 +527,7 @@ class Soak:
         return {
             "command": [sys.executable, *sys.argv],
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
-            "ran_s": round(end, 1),
+            "ran_s": round(self.ran_s, 1),
             "cpu_count": os.cpu_count(),
             "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
             "ok": all(t["ok"] for t in targets.values()),
@@ -478,6 +538,10 @@ class Soak:
             "refusals": {"pool": dict(pool_refusals), "network": dict(net_refusals)},
             "nodes": nodes,
         }
+
+    def _settled(self, life: Life, t: float) -> bool:
+        """Whether a sample at ``t`` is ``--settle`` s past the process's first round."""
+        return life.first_round_at is not None and t - life.first_round_at >= self.args.settle
 
     def _restarts(self) -> list[dict]:
         """Per kill: the checkpoint the killed process last logged, the round the next one
@@ -498,6 +562,7 @@ class Soak:
                 "node": n.name,
                 "t": k["t"],
                 "last_checkpoint_logged": max(saved, default=None),
+                "orphans_after_kill": n.lives[k["life"]].orphans,
                 "resumed_round": resumed[0] if resumed else None,
                 "first_round_after": nxt.first_round,
                 "seconds_to_first_round": round(nxt.first_round_at - nxt.started, 1)
@@ -509,8 +574,6 @@ class Soak:
                 and r["resumed_round"] >= (r["last_checkpoint_logged"] or 0)
                 and r["first_round_after"] == r["resumed_round"]
             )
-            if not saved and r["resumed_round"] is None and nxt.first_round == 0:
-                r["resumed"], r["note"] = True, "killed before its first checkpoint"
             out.append(r)
         return out
 
@@ -557,19 +620,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="directory for data and report")
     p.add_argument("--seed", type=int, default=0, help="which nodes are killed")
     p.add_argument("--warmup", type=float, help="seconds left out of RSS (default: 10%%)")
-    p.add_argument("--settle", type=float, default=30.0, help="RSS: a new process's warm-up")
+    p.add_argument(
+        "--settle", type=float, default=30.0, help="RSS: seconds after a process's first round"
+    )
     p.add_argument("--sample-every", type=float, default=5.0, help="RSS sampling, seconds")
     p.add_argument("--tokens", type=int, default=192, help="max_new_tokens of the nodes")
     p.add_argument("--nice", type=int, default=10, help="niceness of the nodes")
+    p.add_argument("--report-only", action="store_true", help="report again from OUT/state.json")
     p.add_argument("--max-rss-growth", type=float, default=5.0, help="target, in %%")
     a = p.parse_args(argv)
+    a.out = a.out.resolve()
     if a.nodes < 2:
         p.error("--nodes must be at least 2")
     if a.kill_every <= 0 or a.duration <= a.kill_every:
         p.error("--kill-every must be positive and below --duration")
-    if a.warmup is None:
+    if a.warmup is None and not a.report_only:
         a.warmup = a.duration / 10
-    if not 0 <= a.warmup < a.duration:
+    if a.warmup is not None and not 0 <= a.warmup < a.duration:
         p.error("--warmup must be below --duration")
     return a
 
@@ -581,32 +648,20 @@ def _interrupt(*_: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     soak = Soak(args)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        soak.setup()
-        soak.run()
-        soak.stop()
-    except KeyboardInterrupt:
-        print("[soak] interrupted: stopping the nodes", file=sys.stderr)
-        soak.cleanup()
-        return 130
-    finally:
-        soak.cleanup()
-    state = {
-        "kills": soak.kills,
-        "crashes": soak.crashes,
-        "stop_codes": soak.stop_codes,
-        "nodes": {
-            n.name: {
-                "lives": [vars(life) | {"log": str(life.log)} for life in n.lives],
-                "records": list(n.records.values()),
-                "rss": n.rss,
-                "pool_counts": n.pool_counts,
-            }
-            for n in soak.nodes
-        },
-    }
-    (args.out / "state.json").write_text(json.dumps(state))  # the raw figures
+    if args.report_only:
+        soak.load()
+    else:
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            soak.setup()
+            soak.run()
+            soak.stop()
+        except KeyboardInterrupt:
+            print("[soak] interrupted: the nodes are killed", file=sys.stderr)
+            return 130
+        finally:
+            soak.cleanup()
+        (args.out / "state.json").write_text(json.dumps(soak.state()))
     rep = soak.report()
     (args.out / "report.json").write_text(json.dumps(rep, indent=1))
     print_report(rep)
