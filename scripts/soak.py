@@ -2,7 +2,8 @@
 
 Every node is a real ``sapo-node start`` process (the tiny model of the tests, libp2p on
 127.0.0.1 only, no mDNS), with its own data directory and port, bootstrapped to all the
-others. Every ``--kill-every`` seconds one node, chosen at random (``--seed``) among
+others. Once every node has run its first round, the soak's clock starts: every
+``--kill-every`` seconds one node, chosen at random (``--seed``) among
 those that have run enough rounds since they last started to have saved a checkpoint
 (the kill waits until one has), is killed with SIGKILL and started
 again on the same data directory and port, so it must resume from its checkpoint. At the
@@ -93,6 +94,7 @@ swarm = "{swarm}"
 redial_s = 1.0
 """
 CHECKPOINT_EVERY = 5
+STARTUP_S = 300.0  # the longest the soak waits for every node's first round
 FIRST_ROUND_GRACE_S = 120.0  # at the end, how long a process started last may take
 LAST_ROUNDS = 5  # "its last rounds", for the unable-to-publish check
 POOL_EVERY_S = 30.0  # how often the pools' per-author counts are read
@@ -244,7 +246,7 @@ class Soak:
         self.kills: list[dict] = []
         self.crashes: list[dict] = []
         self.stop_codes: dict[str, int | None] = {}
-        self.ran_s = 0.0
+        self.ran_s = self.startup_s = 0.0
         self.nodes: list[Node] = []
 
     def now(self) -> float:
@@ -275,10 +277,24 @@ class Soak:
         ]
 
     def run(self) -> None:
+        a = self.args
         self.t0 = time.monotonic()
         for n in self.nodes:
             n.start(self.nodes, self.now(), "first start")
-        a = self.args
+        # the soak's clock starts once every node has run a round (or after STARTUP_S)
+        while self.now() < STARTUP_S and any(n.life.first_round is None for n in self.nodes):
+            self._tick(self.now())
+            if not all(n.alive() for n in self.nodes):
+                break  # counted as a crash in the loop below
+            time.sleep(1.0)
+        self.startup_s = self.now()
+        self.t0 += self.startup_s
+        for n in self.nodes:
+            n.rss.clear()
+            for life in n.lives:
+                life.started -= self.startup_s
+                if life.first_round_at is not None:
+                    life.first_round_at -= self.startup_s
         next_kill, next_sample, next_pool = a.kill_every, 0.0, 0.0
         while (t := self.now()) < a.duration:
             for n in self.nodes:
@@ -389,6 +405,7 @@ class Soak:
         return {
             "settings": settings,
             "ran_s": self.ran_s,
+            "startup_s": self.startup_s,
             "kills": self.kills,
             "crashes": self.crashes,
             "stop_codes": self.stop_codes,
@@ -407,7 +424,7 @@ class Soak:
     def load(self) -> None:
         st = json.loads((self.out / "state.json").read_text())
         self.kills, self.crashes, self.stop_codes = st["kills"], st["crashes"], st["stop_codes"]
-        self.ran_s = st["ran_s"]
+        self.ran_s, self.startup_s = st["ran_s"], st.get("startup_s", 0.0)
         given = {"out", "report_only", "settle", "max_rss_growth"}  # may differ this time
         if self.args.warmup is not None:
             given.add("warmup")
@@ -527,6 +544,7 @@ class Soak:
         return {
             "command": [sys.executable, *sys.argv],
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+            "startup_s": round(self.startup_s, 1),
             "ran_s": round(self.ran_s, 1),
             "cpu_count": os.cpu_count(),
             "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],

@@ -43,11 +43,11 @@ def _soak(out: Path, *args: str) -> subprocess.Popen:
 
 def test_a_short_soak_kills_one_node_which_resumes_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "soak"
-    # a kill at 20 s, the end at 40 s; RSS: the first tenth is from 10 s, samples every 2 s
+    # once both run: a kill at 15 s (or when one has saved a checkpoint), the end at 30 s
     proc = _soak(
         out,
-        *("--kill-every", "20", "--duration", "40", "--tokens", "32"),
-        *("--warmup", "10", "--settle", "10", "--sample-every", "2"),
+        *("--kill-every", "15", "--duration", "30", "--tokens", "32"),
+        *("--warmup", "0", "--settle", "5", "--sample-every", "2"),
     )
     stdout, _ = proc.communicate(timeout=240)
     assert (out / "report.json").exists(), stdout
@@ -70,7 +70,7 @@ def test_a_short_soak_kills_one_node_which_resumes_and_reports(tmp_path: Path) -
     assert rss["first_mb"] > 50 and rss["last_mb"] > 50 and rss["growth_pct"] is not None
     assert rep["targets"]["every_restart_resumed"]["ok"], stdout
     assert "restarts resumed: 1 of 1" in stdout
-    assert json.loads((out / "state.json").read_text())["kills"] == rep["kills"]
+    assert len(json.loads((out / "state.json").read_text())["kills"]) == rep["kills"]
 
 
 def test_an_interrupted_soak_leaves_no_process(tmp_path: Path) -> None:
