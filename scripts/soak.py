@@ -25,6 +25,7 @@ OUT/report.json:
   restart is that round);
 - refusals by reason: in the pools (the intake) and in the network processes (wire
   checks, their ``message refused`` log lines);
+- bans: how often each node was banned by another (``peer banned`` log lines);
 - nodes left unable to publish: no group published in its last rounds, groups unsent
   in every one of them, or no group of it reaching any other node in the last tenth.
 
@@ -463,11 +464,16 @@ class Soak:
                         k - old.get(o, 0) for o, k in counts.items() if o != "held"
                     )
         net_refusals: Counter[str] = Counter()
+        bans: dict[str, list[dict]] = {n.name: [] for n in self.nodes}  # of each node
         for n in self.nodes:
             for life in n.lives:
                 for e in _events(life.log):
                     if e.get("event") == "message refused":
                         net_refusals[e.get("reason", "?")] += 1
+                    elif e.get("event") == "peer banned for invalid messages":
+                        banned = by_peer.get(e.get("peer"), str(e.get("peer"))[:16])
+                        ban = {"by": n.name, "at": e.get("timestamp"), "s": e.get("seconds")}
+                        bans.setdefault(banned, []).append(ban)
         restarts = self._restarts()
         for n in self.nodes:
             recs = sorted(n.records.values(), key=lambda r: (r["time"], r["round"]))
@@ -513,6 +519,7 @@ class Soak:
                 if published and len(self.nodes) > 1
                 else None,
                 "peers_last_rounds": [r["peers"] for r in tail],
+                "banned_by_others": bans.get(n.name, []),
                 "unable_to_publish": problems,
                 "stop_exit_code": self.stop_codes.get(n.name),
                 "data_dir_mb": round(
@@ -554,6 +561,7 @@ class Soak:
             "kills": len(self.kills),
             "restarts": restarts,
             "refusals": {"pool": dict(pool_refusals), "network": dict(net_refusals)},
+            "bans": {k: len(v) for k, v in bans.items()},
             "nodes": nodes,
         }
 
@@ -625,6 +633,7 @@ def print_report(rep: dict[str, Any]) -> None:
     resumed = sum(r["resumed"] for r in rep["restarts"])
     print(f"restarts resumed: {resumed} of {len(rep['restarts'])}")
     print(f"refusals: pool {rep['refusals']['pool']}, network {rep['refusals']['network']}")
+    print(f"bans of each node by the others (not a target): {rep['bans']}")
     for name, t in rep["targets"].items():
         print(f"  {'ok  ' if t['ok'] else 'FAIL'} {name}: {t['detail']}")
     print("all targets met" if rep["ok"] else "TARGETS MISSED")
