@@ -27,7 +27,7 @@ OUT/report.json:
   checks, their ``message refused`` log lines);
 - bans: how often each node was banned by another (``peer banned`` log lines);
 - nodes left unable to publish: no group published in its last rounds, groups unsent
-  in every one of them, or no group of it reaching any other node in the last tenth.
+  in every one of them, or no group of it accepted by any other node in the last tenth.
 
 Exit status 0 when every target holds (0 survivor crashes, RSS growth at most
 ``--max-rss-growth`` %, every restart resumed, no node left unable to publish, every
@@ -460,9 +460,7 @@ class Soak:
                         pool_refusals[outcome] += k
                 if name in recent_from:
                     old = before.get(author, {})
-                    recent_from[name] += sum(
-                        k - old.get(o, 0) for o, k in counts.items() if o != "held"
-                    )
+                    recent_from[name] += counts.get("accepted", 0) - old.get("accepted", 0)
         net_refusals: Counter[str] = Counter()
         bans: dict[str, list[dict]] = {n.name: [] for n in self.nodes}  # of each node
         for n in self.nodes:
@@ -501,7 +499,7 @@ class Soak:
             if tail and all(r["groups_unsent"] > 0 for r in tail):
                 problems.append(f"groups unsent in each of its last {LAST_ROUNDS} rounds")
             if len(self.nodes) > 1 and recent_from.get(n.name, 0) == 0:
-                problems.append("no group of it reached another node in the last tenth")
+                problems.append("no other node accepted a group of it in the last tenth")
             nodes[n.name] = {
                 "peer_id": n.peer_id,
                 "port": n.port,
@@ -514,7 +512,7 @@ class Soak:
                 "groups_received": sum(r["groups_received"] for r in recs),
                 "groups_accepted": sum(r["groups_accepted"] for r in recs),
                 "received_by_others": dict(got),
-                "received_by_others_last_tenth": recent_from.get(n.name, 0),
+                "accepted_by_others_last_tenth": recent_from.get(n.name, 0),
                 "delivery_ratio": round(sum(got.values()) / (published * (len(self.nodes) - 1)), 3)
                 if published and len(self.nodes) > 1
                 else None,
