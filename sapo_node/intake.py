@@ -56,7 +56,14 @@ QUESTION_MISMATCH = "question_mismatch"
 ANSWER_MISMATCH = "answer_mismatch"
 POOL_UNAVAILABLE = "pool_unavailable"
 
+# Dropped without blame. A duplicate or an expired group has honest causes: a node that
+# resumes from its checkpoint redoes its last rounds and publishes the same groups again,
+# a relay or this node's own inbox (drained once a round) delivers late; both are found
+# by cheap checks before any regeneration or scoring, and the rate limit bounds them.
+# Blaming them got resumed nodes banned by every peer (docs/soak.md).
 IGNORED = wire.IGNORED | {
+    "duplicate",
+    EXPIRED,
     UNKNOWN_FAMILY,
     UNKNOWN_CONFIG,
     GENERATOR_MISMATCH,
