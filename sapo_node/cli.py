@@ -777,6 +777,89 @@ def show_config(
     typer.echo(_config(config).model_dump_json(indent=2))
 
 
+@app.command("export")
+def export_cmd(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the model into.")],
+    config: Annotated[Path | None, typer.Option("--config", help="The node's TOML config.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="The node's state directory.")] = None,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(help="A round number or checkpoint directory (default: the latest)."),
+    ] = None,
+    merge: Annotated[
+        bool, typer.Option("--merge", help="LoRA: write the merged full model, not the adapter.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace --out if it is not empty.")
+    ] = False,
+    model: Annotated[
+        str | None, typer.Option(help="The node's model, if it moved (default: the checkpoint's).")
+    ] = None,
+) -> None:
+    """Write a checkpoint as a Hugging Face model directory (from_pretrained), or a LoRA
+    node's adapter (PeftModel.from_pretrained; --merge for the merged model)."""
+    from sapo_node.export import ExportError, export_checkpoint, summary
+
+    cfg = _config(config, data_dir=data_dir)
+    try:
+        result = export_checkpoint(
+            cfg, out, checkpoint=checkpoint, merge=merge, force=force, model=model
+        )
+    except ExportError as exc:
+        _fail(str(exc))
+    for line in summary(result):
+        typer.echo(line)
+    if merge and result.kind == "model":
+        typer.echo("(--merge: a full fine-tune has no adapter to merge; it is the full model)")
+
+
+@app.command()
+def doctor(
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
+    model: Annotated[str | None, typer.Option(help="As for start.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="As for start.")] = None,
+    rounds: Annotated[int | None, typer.Option(min=0, help="As for start.")] = None,
+    local: Annotated[int | None, typer.Option(min=0, help="As for start.")] = None,
+    external: Annotated[int | None, typer.Option(min=0, help="As for start.")] = None,
+    device: Annotated[Device | None, typer.Option(help="As for start.")] = None,
+    lora: Annotated[bool | None, typer.Option("--lora/--no-lora", help="As for start.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="As for start.")] = None,
+    json_logs: Annotated[bool | None, typer.Option("--json-logs", help="Ignored.")] = None,
+    swarm: Annotated[str | None, typer.Option(help="As for start.")] = None,
+    listen: Annotated[list[str] | None, typer.Option(help="As for start.")] = None,
+    announce: Annotated[list[str] | None, typer.Option(help="As for start.")] = None,
+    bootstrap: Annotated[list[str] | None, typer.Option(help="As for start.")] = None,
+    offline: Annotated[bool | None, typer.Option("--offline", help="As for start.")] = None,
+    no_train: Annotated[bool, typer.Option("--no-train", help="As for start.")] = False,
+) -> None:
+    """Check this machine against a node's config (the same options as start): versions,
+    torch's build, memory, disk, port, identity key, data directory. One line per check;
+    exit 0 when none fails."""
+    from sapo_node.doctor import exit_code, run_checks
+
+    cfg = _config(
+        config,
+        model=model,
+        data_dir=data_dir,
+        rounds=rounds,
+        local=local,
+        external=external,
+        device=device,
+        lora=lora,
+        seed=seed,
+        json_logs=json_logs,
+        swarm=swarm,
+        listen=listen,
+        announce=announce,
+        bootstrap=bootstrap,
+        offline=offline,
+    )
+    checks = run_checks(cfg, no_train=no_train)
+    for check in checks:
+        typer.echo(check.line())
+    raise SystemExit(exit_code(checks))
+
+
 @app.callback(invoke_without_command=True)
 def _root(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
