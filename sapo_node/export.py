@@ -191,7 +191,7 @@ def export_checkpoint(
         elif kind == "merged":
             net = net.merge_and_unload()
         if kind != "adapter":
-            _drop_gguf_quantization(net.config)
+            _drop_gguf_quantization(net)
             net.config.use_cache = True
         with torch.no_grad():
             net.save_pretrained(tmp, safe_serialization=True)
@@ -227,13 +227,24 @@ def _base_of(source: str) -> str:
     return str(path.resolve()) if path.exists() else source
 
 
-def _drop_gguf_quantization(model_config: Any) -> None:
-    """The embedded model's cache keeps a note that it came from a GGUF file; its weights
-    are plain float32, and the export must not look quantised to loaders."""
-    q = getattr(model_config, "quantization_config", None)
+def _drop_gguf_quantization(model: Any) -> None:
+    """The embedded model's cache keeps a note that it came from a GGUF file, so
+    transformers loads it with a GGUF quantizer attached, which refuses to save; its
+    weights are plain float32 tensors (nothing was loaded from GGUF blocks), so the note
+    and the quantizer go: the export is an ordinary float32 model."""
+    q = getattr(model.config, "quantization_config", None)
+    if q is None:
+        return
     method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
-    if q is not None and str(getattr(method, "value", method)).lower() == "gguf":
-        del model_config.quantization_config
+    if str(getattr(method, "value", method)).lower() != "gguf":
+        return
+    quantizer = getattr(model, "hf_quantizer", None)
+    dequantized = q.get("dequantize") if isinstance(q, dict) else getattr(q, "dequantize", None)
+    if quantizer is not None and getattr(quantizer, "supported", False) and not dequantized:
+        raise ExportError("the model holds GGUF-packed weights; export needs dense ones")
+    for attr in ("hf_quantizer", "quantization_method", "is_quantized"):
+        model.__dict__.pop(attr, None)
+    del model.config.quantization_config
 
 
 def describe_base(result: Exported) -> str:

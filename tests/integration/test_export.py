@@ -232,3 +232,68 @@ def test_out_never_holds_the_data_dir(tmp_path: Path) -> None:
 def test_find_checkpoint_refuses_a_directory_that_is_not_one(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="not a checkpoint directory"):
         find_checkpoint(tmp_path, str(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["model", "adapter", "merged"])
+def test_a_model_cached_from_gguf_exports_as_a_plain_one(
+    tiny_model_dir: Path, tmp_path: Path, kind: str, capsys
+) -> None:
+    """The embedded model's cache says it came from a GGUF file, so transformers attaches
+    a GGUF quantizer that refuses save_pretrained; the export drops it (weights are
+    dense). A checkpoint saved the way Node.save does, of a perturbed policy."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from sapo_node.checkpoint import CheckpointStore
+    from sapo_node.config import LoraSection
+    from sapo_node.policy import load_policy
+
+    model_dir = tmp_path / "from-gguf"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "gguf",
+        "dequantize": False,
+        "gguf_file": "Tiny.Q4_1.gguf",
+    }
+    (model_dir / "config.json").write_text(json.dumps(config))
+    lora = kind != "model"
+    section = LoraSection(enabled=lora, r=4, alpha=8.0)
+    policy = load_policy(
+        str(model_dir), device="cpu", dtype="auto", lora=section, cache_dir=tmp_path
+    )
+    assert type(getattr(policy.model, "hf_quantizer", None)).__name__ == "GgufHfQuantizer" or lora
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    data = tmp_path / "node"
+    optimizer = torch.optim.AdamW(policy.trainable_parameters()).state_dict()
+    fingerprint = {"model": str(model_dir), "lora": lora}
+    CheckpointStore(data).save(
+        3, policy.trainable_state(), optimizer, {"round": 3, "fingerprint": fingerprint}
+    )
+    (data / "node.toml").write_text("[model.lora]\nr = 4\nalpha = 8.0\n")
+    out = tmp_path / "out"
+    argv = ["export", "--data-dir", str(data), "--config", str(data / "node.toml")]
+    code, _, err = run_cli(
+        [*argv, "--out", str(out), *(["--merge"] if kind == "merged" else [])], capsys
+    )
+    assert code == 0, err
+    ids = torch.tensor([[2, 10, 11, 12, 3, 40]])
+    mask = torch.ones_like(ids)
+    if kind == "adapter":
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir))
+        model = PeftModel.from_pretrained(base, out)
+    else:
+        assert "quantization_config" not in json.loads((out / "config.json").read_text())
+        model = AutoModelForCausalLM.from_pretrained(out)
+        assert getattr(model, "hf_quantizer", None) is None
+    policy.model.eval()
+    with torch.no_grad():
+        got = model.eval()(input_ids=ids, attention_mask=mask).logits
+        want = policy.logits(ids, mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
