@@ -831,6 +831,7 @@ def doctor(
     bootstrap: Annotated[list[str] | None, typer.Option(help="As for start.")] = None,
     offline: Annotated[bool | None, typer.Option("--offline", help="As for start.")] = None,
     no_train: Annotated[bool, typer.Option("--no-train", help="As for start.")] = False,
+    generate: Annotated[bool, typer.Option("--generate", help="As for start.")] = False,
 ) -> None:
     """Check this machine against a node's config (the same options as start): versions,
     torch's build, memory, disk, port, identity key, data directory. One line per check;
@@ -854,7 +855,11 @@ def doctor(
         bootstrap=bootstrap,
         offline=offline,
     )
-    checks = run_checks(cfg, no_train=no_train)
+    if generate and not no_train:
+        raise UsageProblem("--generate is for a member that does not train: add --no-train")
+    if generate:
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"enabled": False})})
+    checks = run_checks(cfg, no_train=no_train and not generate)
     for check in checks:
         typer.echo(check.line())
     raise SystemExit(exit_code(checks))

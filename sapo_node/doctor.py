@@ -557,6 +557,8 @@ def memory_need(info: ModelInfo, cfg: Config, device: str) -> MemoryNeed:
     acts = tokens * info.layers * (ACT_PER_HIDDEN * info.hidden + ACT_PER_MLP * info.intermediate)
     acts = acts * b + LOGIT_COPIES * m * (n + 1) * info.vocab * 4
     train = 4 * trained + max(acts, 4 * trained)  # gradients, then activations or AdamW's
+    if not t.enabled:  # a generating member: no optimiser, no training pass
+        optimizer = train = 0
     seqs = min(g.max_batch_sequences, (t.local_groups + t.external_groups) * g.completions_per_task)
     generate = seqs * (PROMPT_TOKENS + n) * info.layers * 2 * info.kv_dim * b
     processes = NODE_PROCESS + SCORER_PROCESS + (NET_PROCESS if cfg.net.enabled else 0)
@@ -619,7 +621,7 @@ def disk_need(info: ModelInfo, cfg: Config, data_dir: Path, model_name: str) -> 
     """Bytes the data directory will still need (module docstring)."""
     from sapo_node.policy import EMBEDDED
 
-    ckpt = checkpoint_bytes(info, cfg)
+    ckpt = checkpoint_bytes(info, cfg) if cfg.train.enabled else 0
     root = data_dir / "checkpoints"
     existing = 0
     if root.is_dir():
@@ -756,10 +758,11 @@ def check_lock(data_dir: Path) -> Check:
     return _pass("data dir", f"{data_dir}: not in use")
 
 
-def check_checkpoint(data_dir: Path, fingerprint: dict[str, Any]) -> Check:
-    """The checkpoint a start would resume from belongs to this config (model, LoRA);
-    its hashes are checked at start, not here."""
-    from sapo_node.checkpoint import STATE, CheckpointError, CheckpointStore
+def check_checkpoint(data_dir: Path, fingerprint: dict[str, Any], trains: bool = True) -> Check:
+    """The checkpoint a start would resume from belongs to this config (model, LoRA; a
+    generating member's data dir holds no trained weights); its hashes are checked at
+    start, not here."""
+    from sapo_node.checkpoint import STATE, WEIGHTS, CheckpointError, CheckpointStore
 
     try:
         path = CheckpointStore(data_dir).latest()
@@ -782,6 +785,18 @@ def check_checkpoint(data_dir: Path, fingerprint: dict[str, Any]) -> Check:
             f"{path} was made for {theirs}, this config runs {fingerprint}",
             "use the same --model and LoRA setting, or another --data-dir",
         )
+    if not trains:
+        try:
+            trained = safetensors_params([path / WEIGHTS])
+        except (OSError, ValueError, KeyError, struct.error):
+            trained = 0
+        if trained:
+            return _fail(
+                "checkpoint",
+                f"{path} is a training node's checkpoint; a generating member keeps its "
+                "model as it is",
+                "give the generating member another --data-dir",
+            )
     return _pass("checkpoint", f"resumes from round {state.get('round')} ({path.name})")
 
 
@@ -799,7 +814,8 @@ def _resolve_device(preference: str, build: TorchBuild | None) -> str:
 
 
 def run_checks(cfg: Config, *, no_train: bool = False) -> list[Check]:
-    """Every check of this machine against ``cfg`` (``no_train``: a relay, no model)."""
+    """Every check of this machine against ``cfg`` (``no_train``: a relay, no model; a
+    generating member is ``cfg`` with ``train.enabled`` false)."""
     data_dir = cfg.node.resolved_data_dir()
     checks = [check_python(sys.version_info)]
     try:
@@ -853,7 +869,7 @@ def run_checks(cfg: Config, *, no_train: bool = False) -> list[Check]:
                 )
             disk = disk_need(info, cfg, data_dir, name)
             checks.append(check_disk(disk, free_disk(data_dir), data_dir))
-        checks.append(check_checkpoint(data_dir, cfg.fingerprint()))
+        checks.append(check_checkpoint(data_dir, cfg.fingerprint(), cfg.train.enabled))
     checks.append(check_port(cfg.net.listen, cfg.net.enabled))
     checks.append(check_identity_key(data_dir / "identity.key"))
     checks.append(check_lock(data_dir))

@@ -155,6 +155,11 @@ def export_checkpoint(
     path = find_checkpoint(data_dir, checkpoint)
     check_out_dir(out, data_dir, force=force)
     weights, state = read_checkpoint(path)
+    if not weights:
+        raise ExportError(
+            f"checkpoint {path} holds no weights: it is a generating member's, whose model "
+            "never trains; export a training node's data directory"
+        )
     name = model or str(state["fingerprint"]["model"])
     lora_on = bool(state["fingerprint"].get("lora", False))
     lora = config.model.lora.model_copy(update={"enabled": lora_on})
@@ -208,6 +213,7 @@ def export_checkpoint(
             "sapo_node": __version__,
         }
         (tmp / META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        _modes_from_umask(tmp)
         if out.is_dir() and not out.is_symlink():
             shutil.rmtree(out)
         elif out.exists() or out.is_symlink():
@@ -218,6 +224,16 @@ def export_checkpoint(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def _modes_from_umask(directory: Path) -> None:
+    """Files as this user's umask makes them (safetensors writes its files 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for f in directory.iterdir():
+        if f.is_file():
+            f.chmod(0o666 & ~umask)
 
 
 def _base_of(source: str) -> str:
@@ -260,6 +276,12 @@ def describe_base(result: Exported) -> str:
     return str(result.base)
 
 
+def _title(model: str) -> str:
+    from sapo_node.policy import EMBEDDED
+
+    return "SmolLM2-135M-Instruct" if model == EMBEDDED else Path(model).name or model
+
+
 def summary(result: Exported) -> list[str]:
     """What the command prints: what was written and how to load it."""
     out = str(result.out)
@@ -293,13 +315,15 @@ def readme(result: Exported, config: Config) -> str:
         "adapter": "a LoRA adapter",
     }[result.kind]
     lines = [
-        f"# {result.model} trained by sapo-node",
+        f"# {_title(result.model)}, trained by sapo-node",
         "",
         f"This directory is {head}, exported by `sapo-node export` (sapo-node {__version__}) "
         f"from checkpoint `{result.checkpoint.name}` (round {result.round}) of a SAPO node "
         "(GRPO on ReasoningGym tasks, arXiv 2509.08721). Weights are float32.",
         "",
     ]
+    if result.kind != "adapter":
+        lines += [f"The node trained model `{result.model}`.", ""]
     if result.kind == "adapter":
         lora = config.model.lora
         lines += [

@@ -4,6 +4,7 @@ and peft's from_pretrained and gives the node's own logits."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,9 @@ def test_full_model_export_loads_and_gives_the_node_logits(
     assert not torch.allclose(got, _base_logits(tiny_model_dir, ids, mask), atol=1e-4)
     meta = json.loads((out / "sapo_node_export.json").read_text())
     assert meta["kind"] == "model" and meta["round"] == 2 and meta["lora"] is False
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_lora_export_is_an_adapter_for_peft_with_its_base_named(
@@ -297,3 +301,14 @@ def test_a_model_cached_from_gguf_exports_as_a_plain_one(
         got = model.eval()(input_ids=ids, attention_mask=mask).logits
         want = policy.logits(ids, mask)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_a_generating_member_has_nothing_to_export(tmp_path: Path, capsys) -> None:
+    from sapo_node.checkpoint import CheckpointStore
+
+    fp = {"model": "embedded", "lora": False}
+    CheckpointStore(tmp_path).save(4, {}, {}, {"round": 4, "fingerprint": fp})
+    code, _, err = run_cli(
+        ["export", "--data-dir", str(tmp_path), "--out", str(tmp_path / "o")], capsys
+    )
+    assert code == 1 and "generating member" in err and err.count("\n") == 1

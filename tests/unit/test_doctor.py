@@ -379,3 +379,21 @@ def test_doctor_for_a_relay_checks_no_model(tmp_path: Path, capsys) -> None:
 def test_doctor_usage_errors_exit_2(capsys) -> None:
     code, _, err = run_cli(["doctor", "--local", "0", "--external", "0"], capsys)
     assert code == 2 and "at least 1" in err
+
+
+def test_a_generating_member_needs_no_training_memory_and_no_trained_checkpoint(
+    tmp_path: Path, capsys
+) -> None:
+    info = d.EMBEDDED_INFO
+    member = d.memory_need(info, _cfg(tmp_path, train={"enabled": False}), "cpu")
+    trainer = d.memory_need(info, _cfg(tmp_path), "cpu")
+    assert member.parts["optimizer"] == 0 and member.total < trainer.total - 12 * info.params
+    fp = {"model": "embedded", "lora": False}
+    CheckpointStore(tmp_path).save(
+        2, {"w": torch.zeros(3)}, {"state": {}, "param_groups": []}, {"round": 2, "fingerprint": fp}
+    )
+    assert d.check_checkpoint(tmp_path, fp, trains=True).status == "PASS"
+    check = d.check_checkpoint(tmp_path, fp, trains=False)
+    assert check.status == "FAIL" and "another --data-dir" in check.todo
+    code, _, err = run_cli(["doctor", "--generate"], capsys)
+    assert code == 2 and "--no-train" in err
