@@ -329,6 +329,12 @@ def check_torch_build(
             )
         if build.mps_available:
             return _pass(name, f"{where}, Apple GPU (MPS) available")
+        if device == "mps":
+            return _fail(
+                name,
+                f"device mps is configured but {where} sees no Apple GPU (MPS)",
+                "use --device auto or cpu, or a torch build with MPS (macOS on Apple silicon)",
+            )
         kind = "CPU-only build" if build.cuda is None else f"CUDA {build.cuda} build"
         return _pass(name, f"{where} ({kind}); no NVIDIA GPU here, the node runs on the CPU")
     if device == "cpu":

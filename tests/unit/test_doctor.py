@@ -121,6 +121,9 @@ def test_no_gpu_is_fine_unless_cuda_is_asked_for() -> None:
     assert d.check_torch_build(False, [], CPU_BUILD, "auto").status == "PASS"
     assert d.check_torch_build(False, [], CU121, "auto").status == "PASS"
     assert d.check_torch_build(False, [], CPU_BUILD, "cuda").status == "FAIL"
+    assert d.check_torch_build(False, [], CPU_BUILD, "mps").status == "FAIL"
+    mac = d.TorchBuild("2.13.0", None, mps_available=True)
+    assert d.check_torch_build(False, [], mac, "mps").status == "PASS"
 
 
 def test_arch_compatibility_rules() -> None:
