@@ -8,22 +8,26 @@ per check and exits 0 when nothing FAILs (warnings allowed), 1 otherwise.
 
 Memory (``memory_need``), in bytes, for P model parameters (counted in the model's
 safetensors headers), A LoRA adapter parameters, a layers of hidden size H, MLP size I,
-key/value width K (kv heads x head dim), vocabulary V, and the config's S =
-min(max_batch_sequences, (I + J) x L) sequences generated at once, m = micro_batch_size,
-N = max_new_tokens, p = 128 prompt tokens (the default config's prompts are 104 tokens of
-the embedded tokenizer), g = ceil(m / L) distinct prompts per micro-batch (+1 when m is
-not a multiple of L), b = 4 bytes on a CPU (float32) and 2 on a GPU (bfloat16):
+h attention heads, key/value width K (kv heads x head dim), vocabulary V, and the
+config's S = min(max_batch_sequences, (I + J) x L) sequences generated at once, m =
+micro_batch_size, N = max_new_tokens, p = 128 prompt tokens (the default config's
+prompts are 104 tokens of the embedded tokenizer), g = ceil(m / L) distinct prompts per
+micro-batch (+1 when m is not a multiple of L), b = 4 bytes on a CPU (float32) and 2 on
+a GPU (bfloat16):
 
 - weights: 4P, float32 (+ 2P of bfloat16 copies under GPU autocast); LoRA: bP for the
   frozen base + 4A;
 - optimiser: AdamW's two moments, 8P (LoRA 8A), + 4P for the frozen reference copy when
   ``train.kl_coef`` > 0 (a LoRA node's reference is its base: nothing more);
 - the peak pass, the larger of
-  - training: gradients 4P (LoRA 4A), plus the larger of one micro-batch's activations,
-    (g p + m N) a (10 H + 4 I) b (per token and layer: the norms' inputs and outputs,
-    q, k, v, attention output, the MLP's gate, up, activation and product), plus the
-    completion logits and their log-softmax, 2 m (N + 1) V x 4, and AdamW's foreach
-    temporaries, 4P (LoRA 4A);
+  - training: gradients 4P (LoRA 4A), plus the larger of AdamW's foreach temporaries,
+    4P (LoRA 4A), and one micro-batch's activations, its worst case (every completion
+    runs to N tokens):
+    [g p (10 H + 4 I + 3 h p) + m N (10 H + 4 I + 3 h (p + N))] a b
+    (per token and layer: the norms' inputs and outputs, q, k, v, attention output, the
+    MLP's gate, up, activation and product, and the attention scores, which the CPU's
+    attention keeps), + 4 m (N + 1) V x 4 (the completion logits, their log-softmax and
+    both gradients, float32), + 256 MiB (backward's transient buffers, allocator slack);
   - generation: the KV cache preallocated for the whole generation, S (p + N) a 2K b;
 - the processes: 400 MiB for the node (Python, torch, transformers, the tokenizer), 150
   MiB for the scoring worker, 150 MiB for the network process when the node is online
@@ -31,12 +35,13 @@ not a multiple of L), b = 4 bytes on a CPU (float32) and 2 on a GPU (bfloat16):
   host memory for the processes and the model as loaded before it moves (4P; LoRA bP).
 
 Against measurements of the embedded model (P = 134.5 M, 2 cores, torch 2.13 CPU, float32;
-``tests/unit/test_doctor.py`` keeps them): the node process of the default config comes
-to 3519 MiB by the formula, and a default node round measured a peak RSS of 3366 MiB
-(round 1, full fine-tuning, 8 sequences trained: ``sapo-node start --rounds 2 --offline
---seed 1``); one training step of the docs/benchmarks.md shape (4 x 8 completions of up
-to 42 tokens) comes to 3214 MiB, measured there at 2918 MiB in a fresh process. The
-estimate is 5-10% above: on the safe side, as a preflight should be.
+``tests/unit/test_doctor.py`` keeps them and ``-m slow`` measures them again): three
+training steps of 2 prompts (104 tokens) x 8 completions of exactly N tokens,
+micro-batch 8, peak RSS of the process: full fine-tuning at N = 64 4170 MiB (formula
+4237), LoRA at N = 64 2596 MiB (2726) and at N = 32 1947 MiB (2027). Real node rounds of
+the default config, whose completions mostly end before 64 tokens, peaked lower than the
+formula's worst case: 3366 MiB full (formula 4325 at p = 128), 2746 MiB LoRA (2814)
+(round 1 of ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``).
 
 Disk (``disk_need``): a checkpoint holds the trainable weights and the optimiser's two
 moments, 12P bytes (full) or 12A (LoRA); a node keeps ``node.keep_checkpoints`` and
@@ -79,7 +84,9 @@ SCORER_PROCESS = 150 * MiB
 NET_PROCESS = 150 * MiB
 ACT_PER_HIDDEN = 10  # activations kept for backward, per token and layer, in units of H
 ACT_PER_MLP = 4  # ... and of I (gate, up, their activation and product)
-LOGIT_COPIES = 2  # the completion logits and their log-softmax, float32
+ATTN_COPIES = 3  # attention scores per head and key (the CPU's SDPA keeps them)
+LOGIT_COPIES = 4  # completion logits, their log-softmax, and both gradients, float32
+TRAIN_FIXED = 256 * MiB  # backward's transient buffers and the allocator's slack (measured)
 CUDA_CONTEXT = 512 * MiB
 TIGHT = 0.9  # a need above this share of what is free: WARN
 
@@ -392,6 +399,7 @@ class ModelInfo:
     kv_dim: int
     vocab: int
     where: str  # where the figures come from
+    heads: int = 1  # attention heads
     weights_present: bool = True
     cached: bool = True  # the embedded model: its de-quantised cache exists
 
@@ -405,6 +413,7 @@ EMBEDDED_INFO = ModelInfo(
     kv_dim=192,
     vocab=49152,
     where="embedded SmolLM2-135M-Instruct",
+    heads=9,
     cached=False,
 )
 
@@ -454,6 +463,7 @@ def model_info_from_dir(path: Path, where: str | None = None) -> ModelInfo:
             kv_dim=_kv_dim(c),
             vocab=int(c["vocab_size"]),
             where=where or str(path),
+            heads=int(c.get("num_attention_heads") or 1),
             weights_present=present,
         )
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
@@ -544,7 +554,9 @@ def lora_params(info: ModelInfo, r: int, targets: Iterable[str]) -> int:
     return info.layers * per_layer
 
 
-def memory_need(info: ModelInfo, cfg: Config, device: str) -> MemoryNeed:
+def memory_need(
+    info: ModelInfo, cfg: Config, device: str, prompt_tokens: int = PROMPT_TOKENS
+) -> MemoryNeed:
     """The peak memory of a node of ``cfg`` on ``device`` (the formula: module docstring)."""
     gpu = device == "cuda"
     b = 4 if device == "cpu" or cfg.model.dtype == "float32" else 2
@@ -559,14 +571,16 @@ def memory_need(info: ModelInfo, cfg: Config, device: str) -> MemoryNeed:
     optimizer = 8 * trained + (4 * p if t.kl_coef > 0 and not lora.enabled else 0)
     n, m, per_group = g.max_new_tokens, t.micro_batch_size, g.completions_per_task
     prompts = math.ceil(m / per_group) + (1 if m % per_group else 0)
-    tokens = prompts * PROMPT_TOKENS + m * n
-    acts = tokens * info.layers * (ACT_PER_HIDDEN * info.hidden + ACT_PER_MLP * info.intermediate)
-    acts = acts * b + LOGIT_COPIES * m * (n + 1) * info.vocab * 4
+    per_token = ACT_PER_HIDDEN * info.hidden + ACT_PER_MLP * info.intermediate
+    attn = ATTN_COPIES * info.heads
+    acts = prompts * prompt_tokens * (per_token + attn * prompt_tokens)
+    acts += m * n * (per_token + attn * (prompt_tokens + n))
+    acts = acts * info.layers * b + LOGIT_COPIES * m * (n + 1) * info.vocab * 4 + TRAIN_FIXED
     train = 4 * trained + max(acts, 4 * trained)  # gradients, then activations or AdamW's
     if not t.enabled:  # a generating member: no optimiser, no training pass
         optimizer = train = 0
     seqs = min(g.max_batch_sequences, (t.local_groups + t.external_groups) * g.completions_per_task)
-    generate = seqs * (PROMPT_TOKENS + n) * info.layers * 2 * info.kv_dim * b
+    generate = seqs * (prompt_tokens + n) * info.layers * 2 * info.kv_dim * b
     processes = NODE_PROCESS + SCORER_PROCESS + (NET_PROCESS if cfg.net.enabled else 0)
     parts = {"weights": weights, "optimizer": optimizer, "peak pass": max(train, generate)}
     if gpu:  # the model is loaded into host memory first, then moved
