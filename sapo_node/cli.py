@@ -832,6 +832,7 @@ def doctor(
     offline: Annotated[bool | None, typer.Option("--offline", help="As for start.")] = None,
     no_train: Annotated[bool, typer.Option("--no-train", help="As for start.")] = False,
     generate: Annotated[bool, typer.Option("--generate", help="As for start.")] = False,
+    status_listen: Annotated[str | None, typer.Option(help="As for start.")] = None,
 ) -> None:
     """Check this machine against a node's config (the same options as start): versions,
     torch's build, memory, disk, port, identity key, data directory. One line per check;
@@ -854,6 +855,7 @@ def doctor(
         announce=announce,
         bootstrap=bootstrap,
         offline=offline,
+        status_listen=status_listen,
     )
     if generate and not no_train:
         raise UsageProblem("--generate is for a member that does not train: add --no-train")

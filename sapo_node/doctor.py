@@ -690,6 +690,20 @@ def check_disk(need: int, free: int, data_dir: Path) -> Check:
 # --- port, identity, lock, checkpoint --------------------------------------------------
 
 
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why a TCP listener cannot be bound at (host, port), or None: bound as ``start``
+    binds it (SO_REUSEADDR, then listen), and released at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen(1)
+        except OSError as exc:
+            return exc
+    return None
+
+
 def check_port(listen: Sequence[str], enabled: bool = True) -> Check:
     """Each TCP port the node would listen on is free to bind (as ``start`` checks it)."""
     if not enabled:
@@ -699,30 +713,52 @@ def check_port(listen: Sequence[str], enabled: bool = True) -> Check:
         m = re.fullmatch(r"/ip([46])/([^/]+)/tcp/(\d+)(/.*)?", text)
         if not m:
             return _fail("port", f"cannot read listen address {text!r}", "give /ip4/HOST/tcp/PORT")
-        family = socket.AF_INET6 if m.group(1) == "6" else socket.AF_INET
         host, port = m.group(2), int(m.group(3))
         if port == 0:
             ports.append(f"{host}:any")
             continue
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-                s.listen(1)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return _fail(
-                        "port",
-                        f"TCP port {port} on {host} is in use (another sapo-node?)",
-                        f"stop the other program, or pass --listen /ip4/{host}/tcp/OTHER_PORT",
-                    )
-                return _fail(
-                    "port",
-                    f"cannot listen on {text}: {exc.strerror or exc}",
-                    "pass a --listen address of this machine",
-                )
+        exc = _bind_error(host, port)
+        if exc is not None and exc.errno == errno.EADDRINUSE:
+            return _fail(
+                "port",
+                f"TCP port {port} on {host} is in use (another sapo-node?)",
+                f"stop the other program, or pass --listen /ip4/{host}/tcp/OTHER_PORT",
+            )
+        if exc is not None:
+            return _fail(
+                "port",
+                f"cannot listen on {text}: {exc.strerror or exc}",
+                "pass a --listen address of this machine",
+            )
         ports.append(f"{host}:{port}")
     return _pass("port", "free to listen on " + ", ".join(ports))
+
+
+def check_status_port(listen: str, enabled: bool = True) -> Check:
+    """The status endpoint's HOST:PORT is free to bind."""
+    from sapo_node.config import parse_host_port
+
+    name = "status port"
+    if not enabled:
+        return _pass(name, "status endpoint off")
+    try:
+        host, port = parse_host_port(listen)
+    except ValueError as exc:
+        return _fail(name, str(exc), "give --status-listen HOST:PORT")
+    if port == 0:
+        return _pass(name, f"{host}: any free port")
+    exc = _bind_error(host, port)
+    if exc is None:
+        return _pass(name, f"free to serve on {listen}")
+    busy = exc.errno == errno.EADDRINUSE
+    return _fail(
+        name,
+        f"TCP port {port} on {host} is in use (another sapo-node?)"
+        if busy
+        else f"cannot listen on {listen}: {exc.strerror or exc}",
+        "pass --status-listen HOST:OTHER_PORT (port 0 picks a free one), or set "
+        "status.enabled = false",
+    )
 
 
 def check_identity_key(path: Path) -> Check:
@@ -891,6 +927,7 @@ def run_checks(cfg: Config, *, no_train: bool = False) -> list[Check]:
             checks.append(check_disk(disk, free_disk(data_dir), data_dir))
         checks.append(check_checkpoint(data_dir, cfg.fingerprint(), cfg.train.enabled))
     checks.append(check_port(cfg.net.listen, cfg.net.enabled))
+    checks.append(check_status_port(cfg.status.listen, cfg.status.enabled))
     checks.append(check_identity_key(data_dir / "identity.key"))
     checks.append(check_lock(data_dir))
     return checks

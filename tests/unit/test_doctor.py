@@ -345,6 +345,20 @@ def test_a_port_held_by_a_socket_fails() -> None:
     assert d.check_port(["/dns4/example.org/tcp/1"]).status == "FAIL"
 
 
+def test_a_status_port_held_by_a_socket_fails() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        check = d.check_status_port(f"127.0.0.1:{port}")
+        assert check.status == "FAIL" and f"TCP port {port}" in check.found
+        assert "--status-listen" in check.todo
+    assert d.check_status_port(f"127.0.0.1:{port}").status == "PASS"
+    assert d.check_status_port("127.0.0.1:0").status == "PASS"
+    assert d.check_status_port(f"127.0.0.1:{port}", enabled=False).status == "PASS"
+    assert d.check_status_port("nonsense").status == "FAIL"
+
+
 def test_an_identity_key_readable_by_others_fails(tmp_path: Path) -> None:
     from sapo_node.net.identity import KEY_FILE, load_or_create, peer_id
 
@@ -401,7 +415,7 @@ def test_doctor_passes_on_a_healthy_setup(tiny_model_dir: Path, tmp_path: Path, 
     for name in ("python", "torch", "packages", "model", "memory", "disk", "port", "data"):
         assert name in names, out
     assert all(line.split()[0] in ("PASS", "WARN") for line in lines), out
-    assert len(lines) == 11
+    assert len(lines) == 12
 
 
 def test_doctor_fails_with_exit_1_and_says_what_to_do(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -417,7 +431,7 @@ def test_doctor_fails_with_exit_1_and_says_what_to_do(tmp_path: Path, capsys, mo
         monkeypatch.setenv("SAPO_NET__ENABLED", "true")
         code, out, _ = run_cli(
             ["doctor", "--data-dir", str(data), "--model", str(giant), "--device", "cpu",
-             "--listen", f"/ip4/127.0.0.1/tcp/{port}"],
+             "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--status-listen", f"127.0.0.1:{port}"],
             capsys,
         )  # fmt: skip
     finally:
@@ -425,7 +439,7 @@ def test_doctor_fails_with_exit_1_and_says_what_to_do(tmp_path: Path, capsys, mo
         lock.close()
     assert code == 1
     failed = {line.split()[1] for line in _lines(out) if line.startswith("FAIL")}
-    assert {"memory", "disk", "port", "data"} <= failed, out
+    assert {"memory", "disk", "port", "status", "data"} <= failed, out
     assert all(" -> " in line for line in _lines(out) if line.startswith("FAIL"))
 
 
