@@ -121,6 +121,9 @@ def check_out_dir(out: Path, data_dir: Path, *, force: bool) -> None:
     data = data_dir.expanduser().resolve()
     if target == data or target in data.parents:
         raise ExportError(f"--out {out} contains the data directory {data_dir}; choose another")
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents or target == Path.home().resolve():
+        raise ExportError(f"--out {out} is this directory, one above it or home; choose another")
     for inner in ("checkpoints", "models"):
         if target == data / inner or (data / inner) in target.parents:
             raise ExportError(f"--out {out} is inside {data / inner}; choose another directory")

@@ -231,6 +231,9 @@ def test_out_never_holds_the_data_dir(tmp_path: Path) -> None:
         with pytest.raises(ExportError, match="choose another"):
             check_out_dir(bad, data, force=True)
     check_out_dir(data / "exported", data, force=False)
+    for bad in (Path.cwd(), Path.cwd().parent, Path.home()):
+        with pytest.raises(ExportError, match="choose another"):
+            check_out_dir(bad, data, force=True)
 
 
 def test_find_checkpoint_refuses_a_directory_that_is_not_one(tmp_path: Path) -> None:
