@@ -26,8 +26,9 @@ OUT/report.json:
 - refusals by reason: in the pools (the intake) and in the network processes (wire
   checks, their ``message refused`` log lines);
 - bans: how often each node was banned by another (``peer banned`` log lines);
-- nodes left unable to publish: no group published in its last rounds, groups unsent
-  in every one of them, or no group of it accepted by any other node in the last tenth.
+- nodes left unable to publish: no group of it accepted by any other node in the last
+  tenth (groups made faster than the receivers' rate are dropped by design, counted as
+  ``groups_unsent``, and are not that).
 
 Exit status 0 when every target holds (0 survivor crashes, RSS growth at most
 ``--max-rss-growth`` %, every restart resumed, no node left unable to publish, every
@@ -97,7 +98,7 @@ redial_s = 1.0
 CHECKPOINT_EVERY = 5
 STARTUP_S = 300.0  # the longest the soak waits for every node's first round
 FIRST_ROUND_GRACE_S = 120.0  # at the end, how long a process started last may take
-LAST_ROUNDS = 5  # "its last rounds", for the unable-to-publish check
+LAST_ROUNDS = 5  # "its last rounds": the peers it had then, in the report
 POOL_EVERY_S = 30.0  # how often the pools' per-author counts are read
 STOP_TIMEOUT_S = 60.0
 _PR_SET_PDEATHSIG = 1
@@ -493,11 +494,11 @@ class Soak:
             tail = recs[-LAST_ROUNDS:]
             published = sum(r["groups_published"] for r in recs)
             got = received_from.get(n.name, Counter())
+            # Unable to publish: nothing of it reached the others lately. Unsent groups
+            # alone are not that: a node that makes groups faster than the receivers' rate
+            # limit (tiny models, short completions) fills its queue and drops the excess
+            # by design (groups_unsent), while the others still get its groups at the rate.
             problems = []
-            if not tail or sum(r["groups_published"] for r in tail) == 0:
-                problems.append(f"published nothing in its last {LAST_ROUNDS} rounds")
-            if tail and all(r["groups_unsent"] > 0 for r in tail):
-                problems.append(f"groups unsent in each of its last {LAST_ROUNDS} rounds")
             if len(self.nodes) > 1 and recent_from.get(n.name, 0) == 0:
                 problems.append("no other node accepted a group of it in the last tenth")
             nodes[n.name] = {
