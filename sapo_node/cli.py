@@ -84,6 +84,17 @@ def _overrides(**flags: Any) -> dict[str, Any]:
     return out
 
 
+def _node_config(config_file: Path | None, *, generate: bool, no_train: bool, **flags: Any):
+    """The config of ``start`` (and ``doctor``, which checks it): flags over the file, and
+    ``--generate`` (with ``--no-train``) as ``train.enabled = false``."""
+    if generate and not no_train:
+        raise UsageProblem("--generate is for a member that does not train: add --no-train")
+    cfg = _config(config_file, **flags)
+    if generate:
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"enabled": False})})
+    return cfg
+
+
 def _config(config_file: Path | None, **flags: Any):
     try:
         return load_config(config_file, _overrides(**flags))
@@ -164,8 +175,10 @@ def start(
 ) -> None:
     """Start a node: load the model, join the swarm, then run rounds until stopped (Ctrl-C
     saves and exits)."""
-    cfg = _config(
+    cfg = _node_config(
         config,
+        generate=generate,
+        no_train=no_train,
         model=model,
         data_dir=data_dir,
         rounds=rounds,
@@ -182,13 +195,9 @@ def start(
         offline=offline,
         status_listen=status_listen,
     )
-    if generate and not no_train:
-        raise UsageProblem("--generate is for a member that does not train: add --no-train")
     if no_train and not cfg.net.enabled:
         what = "a generating member shares" if generate else "a relay relays"
         raise UsageProblem(f"--no-train: {what}, which needs the network (drop --offline)")
-    if generate:
-        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"enabled": False})})
     from sapo_node.logs import configure_logging
 
     configure_logging(cfg.node.json_logs)
@@ -839,8 +848,10 @@ def doctor(
     exit 0 when none fails."""
     from sapo_node.doctor import exit_code, run_checks
 
-    cfg = _config(
+    cfg = _node_config(
         config,
+        generate=generate,
+        no_train=no_train,
         model=model,
         data_dir=data_dir,
         rounds=rounds,
@@ -857,10 +868,6 @@ def doctor(
         offline=offline,
         status_listen=status_listen,
     )
-    if generate and not no_train:
-        raise UsageProblem("--generate is for a member that does not train: add --no-train")
-    if generate:
-        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"enabled": False})})
     checks = run_checks(cfg, no_train=no_train and not generate)
     for check in checks:
         typer.echo(check.line())
