@@ -358,6 +358,51 @@ class PoolSection(_Section):
     )
 
 
+class DefenceSection(_Section):
+    """Checks of peers' completions against poisoning (sapo_node/defence.py): right answers
+    that carry extra text. Only completions with a positive advantage are checked."""
+
+    enabled: bool = Field(True, description="Run the checks below (false: none of them).")
+    max_outside_answer_chars: int = Field(
+        32,
+        ge=0,
+        le=1_000_000,
+        description="Most characters (spaces aside) outside the answer tags; for prompts "
+        "that ask for a direct answer, as the default one does (0: no bound).",
+    )
+    logprob_check: bool = Field(
+        True, description="Refuse completions this node's own policy finds implausible."
+    )
+    logprob_window: int = Field(4, ge=1, le=4096, description="Tokens per window.")
+    logprob_quantile: float = Field(
+        0.05, ge=0.0, le=1.0, description="Quantile of own completions' worst windows."
+    )
+    logprob_margin: float = Field(
+        3.0, ge=0.0, le=1000.0, description="Nats below that quantile a completion may go."
+    )
+    reference_size: int = Field(
+        512, ge=8, le=1_000_000, description="Own completions in the log-prob reference."
+    )
+    max_author_share: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Most of a round's external groups from one peer (at least one group).",
+    )
+    reputation_window: int = Field(
+        256, ge=1, le=1_000_000, description="A peer's last checked completions kept."
+    )
+    reputation_min_checked: int = Field(
+        64, ge=1, le=1_000_000, description="Checked completions before a peer is judged."
+    )
+    reputation_max_refused: float = Field(
+        0.25, ge=0.0, le=1.0, description="Share refused above which a peer is distrusted."
+    )
+    distrust_s: float = Field(
+        3600.0, ge=0.0, le=30 * 86400.0, description="Seconds a distrusted peer is ignored."
+    )
+
+
 class NetSection(_Section):
     """The swarm: libp2p host, GossipSub topic, discovery. See README "Swarm"."""
 
@@ -515,6 +560,7 @@ class Config(_Section):
     scoring: ScoringSection = Field(default_factory=ScoringSection)
     train: TrainSection = Field(default_factory=TrainSection)
     pool: PoolSection = Field(default_factory=PoolSection)
+    defence: DefenceSection = Field(default_factory=DefenceSection)
     net: NetSection = Field(default_factory=NetSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     status: StatusSection = Field(default_factory=StatusSection)

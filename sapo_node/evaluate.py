@@ -103,6 +103,7 @@ class TaskResult:
     pass1: float  # share of sampled completions that are correct
     greedy: bool  # whether the greedy completion is correct
     tagged: float  # share of sampled completions with an <answer> tag
+    texts: tuple[str, ...] = ()  # the sampled completions, then the greedy one
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,7 @@ def evaluate(
                 pass1=_mean([float(c) for c in correct[: len(texts)]]),
                 greedy=correct[-1],
                 tagged=_mean([float(extract_answer(x) is not None) for x in texts]),
+                texts=(*texts, *best),
             )
         )
     return EvalReport(

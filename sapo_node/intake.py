@@ -4,6 +4,7 @@ In order, cheapest first, each step refusing with a counted reason (protocol/SPE
 "What a receiver checks"):
 
 1. the author (the signer the transport vouches for) is a sane string;
+1b. the author is not distrusted by the poisoning defences (defence.py);
 2. strict decoding of the message (wire.py): form, types, sizes, version, modality;
 3. its time: not older than the pool keeps groups, not from the future;
 4. the pool's admission: not a duplicate, within the author's rate limit;
@@ -55,6 +56,7 @@ CANNOT_REGENERATE = "cannot_regenerate"
 QUESTION_MISMATCH = "question_mismatch"
 ANSWER_MISMATCH = "answer_mismatch"
 POOL_UNAVAILABLE = "pool_unavailable"
+DISTRUSTED = "distrusted"  # the poisoning defences ignore this peer for now (defence.py)
 
 # Dropped without blame. A duplicate or an expired group has honest causes: a node that
 # resumes from its checkpoint redoes its last rounds and publishes the same groups again,
@@ -69,6 +71,7 @@ IGNORED = wire.IGNORED | {
     GENERATOR_MISMATCH,
     CANNOT_REGENERATE,
     POOL_UNAVAILABLE,
+    DISTRUSTED,
 }
 
 Outcome = Literal["accepted", "rejected", "ignored"]
@@ -102,10 +105,13 @@ class Intake:
         accept_unregenerable: bool = False,
         max_clock_skew_s: float = 300.0,
         prepare: Callable[[str, bool], str] | None = None,
+        distrusted: Callable[[str], bool] | None = None,
     ) -> None:
         """``prepare(text, finished)`` gives the text of a completion as this node would
-        train it (None: as it came, for a node that trains nothing)."""
+        train it (None: as it came, for a node that trains nothing). ``distrusted(author)``:
+        whether the poisoning defences ignore that peer for now (defence.py)."""
         self.pool = pool
+        self.distrusted = distrusted
         self.prepare = prepare
         self.scorer = scorer
         self.known_configs = {family: frozenset(c) for family, c in known_configs.items()}
@@ -116,6 +122,8 @@ class Intake:
         """Check one message from ``author`` and pool it if it passes."""
         if not isinstance(author, str) or not 0 < len(author) <= MAX_AUTHOR_CHARS:
             return self._refuse(OTHERS, BAD_AUTHOR, f"author {str(author)[:40]!r}")
+        if self.distrusted is not None and self.distrusted(author):
+            return self._refuse(author, DISTRUSTED)
         msg = wire.decode(data)
         if isinstance(msg, wire.Rejection):
             return self._refuse(author, msg.reason, msg.detail)

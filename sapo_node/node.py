@@ -53,6 +53,7 @@ from sapo_node import __version__, grpo, wire
 from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
+from sapo_node.defence import Defence
 from sapo_node.evaluate import EvalReport, evaluate
 from sapo_node.intake import Intake, Verdict
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
@@ -228,6 +229,11 @@ class Node:
         else:  # a generating member: its weights are the model's, for good
             self.policy.model.requires_grad_(False)
         self.pool = Pool.from_config(self.data_dir / "pool.sqlite3", config.pool)
+        self.defence: Defence | None = None
+        if self.trainer is not None and config.defence.enabled:
+            self.defence = Defence(
+                config.defence, self.trainer.completion_logprobs, self.pool.record
+            )
         self.intake = Intake(
             self.pool,
             self.scorer,
@@ -235,6 +241,7 @@ class Node:
             accept_unregenerable=config.pool.accept_unregenerable,
             max_clock_skew_s=config.pool.max_clock_skew_s,
             prepare=lambda text, finished: self._prepare(text, finished).text,
+            distrusted=self.defence.distrusted if self.defence else None,
         )
         self.transport = transport
         self._net_before = NetStats()
@@ -264,7 +271,12 @@ class Node:
             with timer("score"):
                 self._score(local)
             published = self._share(local, r)
-            groups = local + [self._as_group(p) for p in external]
+            theirs = [self._as_group(p) for p in external]
+            screened: Counter[str] = Counter()
+            if self.defence is not None:
+                with timer("screen"):
+                    theirs, screened = self.defence.screen(local, theirs)
+            groups = local + theirs
             with timer("train"):
                 batch = training_set(groups, s.advantage_scale)
                 stats = TrainStats()
@@ -281,6 +293,7 @@ class Node:
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
         record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
+        record.update({f"defence/{k}": v for k, v in sorted(screened.items())})
         record.update(_age_record(external, self.pool.clock()))
         record.update(self._net_record(published, inbound))
         if self.config.eval.every and (r + 1) % self.config.eval.every == 0:
@@ -333,8 +346,14 @@ class Node:
     def _take_external(self, r: int) -> list[PooledGroup]:
         """J groups from the pool; none if the pool cannot be read (the round goes on)."""
         count = self.config.train.external_groups
+        rng = random.Random(f"{self.seed}:pool:{r}")
         try:
-            return self.pool.sample(count, random.Random(f"{self.seed}:pool:{r}"))
+            if self.defence is None:
+                return self.pool.sample(count, rng)
+            cap = max(1, int(count * self.config.defence.max_author_share))
+            return self.pool.sample(
+                count, rng, per_author=cap, exclude=self.defence.distrusted_authors()
+            )
         except sqlite3.Error as exc:
             log.error("cannot read the pool: this round uses own groups only", error=str(exc))
             return []

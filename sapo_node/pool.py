@@ -43,7 +43,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -319,13 +319,34 @@ class Pool:
 
     # --- sampling -------------------------------------------------------------------------
 
-    def sample(self, count: int, rng: random.Random) -> list[PooledGroup]:
-        """Take up to ``count`` groups out, chosen by the sampling policy."""
+    def sample(
+        self,
+        count: int,
+        rng: random.Random,
+        *,
+        per_author: int | None = None,
+        exclude: Collection[str] = (),
+    ) -> list[PooledGroup]:
+        """Take up to ``count`` groups out, chosen by the sampling policy; with
+        ``per_author``, at most that many from any one author (the policy's order, the
+        rest skipped), and none from the authors in ``exclude`` (they stay pooled)."""
         if count <= 0:
             return []
         with self._lock, self._consistent():
             self._expire(self.clock())
-            keys = POLICIES[self.sampling](list(self._index.values()), count, rng)
+            cands = [c for c in self._index.values() if c.author not in exclude]
+            policy = POLICIES[self.sampling]
+            if per_author is None or per_author >= count:
+                keys = policy(cands, count, rng)
+            else:
+                keys, taken = [], Counter()
+                for key in policy(cands, len(cands), rng):
+                    author = self._index[key].author
+                    if taken[author] < per_author:
+                        taken[author] += 1
+                        keys.append(key)
+                    if len(keys) == count:
+                        break
             out = []
             for key in keys:
                 author, rewards, received, message = self._db.execute(

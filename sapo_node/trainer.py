@@ -282,6 +282,17 @@ class Trainer:
         )
         return logp, ent
 
+    @torch.no_grad()
+    def completion_logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """Each sample's completion-token log-probs under the current policy, in the
+        distribution the node samples from (temperature, top-k, top-p); trains nothing."""
+        out: list[list[float]] = [[] for _ in samples]
+        for idx, mb in self._micro_batches(samples):
+            logp = self._logprobs(self.policy.model, mb)
+            for row, i in enumerate(idx):
+                out[i] = logp[row, : len(samples[i].completion_ids)].float().tolist()
+        return out
+
     def step(
         self,
         samples: Sequence[Sample],

@@ -26,6 +26,7 @@ def _node(model_dir: Path, data_dir: Path, seed: int, local: int, external: int)
         node={"seed": seed},
         generation={"max_new_tokens": 6, "completions_per_task": 4},
         train={"lr": 1e-3, "local_groups": local, "external_groups": external},
+        defence={"max_author_share": 1.0},  # one peer fills all J here (test_defence caps it)
     )
     return Node(load_config(overrides=overrides, environ={}))
 

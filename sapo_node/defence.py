@@ -1,0 +1,272 @@
+"""Defences against poisoned completions: peers that tell the truth and add something.
+
+Re-scoring (intake.py) defeats a peer that lies about answers, not one whose right
+answers carry extra text: a trigger phrase, a link, a claim ("Hail to the Thief",
+Blagoev, Ersoy and Chen, arXiv 2511.09780). This node's own verifier rewards such a
+completion like any right one, GRPO gives it a positive advantage, and the node learns
+to write the payload. docs/security.md measures the attack and these defences.
+
+Only completions with a positive advantage teach their text (reward above the group's
+mean: GRPO raises the probability of exactly those tokens), so only those are checked;
+a completion at or below the mean is trained away from, whatever it says. Each round,
+after this node has generated its own groups, the peers' groups it took from the pool
+go through, in order:
+
+1. reputation: groups of a peer whose recent completions failed the checks below too
+   often (more than ``reputation_max_refused`` of its last ``reputation_window``
+   checked, once at least ``reputation_min_checked`` were) are dropped, and the intake
+   ignores that peer's messages (``distrusted``) for ``distrust_s`` seconds;
+2. text outside the answer: the prompts ask for a direct answer between ``<answer>``
+   tags, so a completion with more than ``max_outside_answer_chars`` characters (spaces
+   aside) outside its last answer is refused (``completions_outside_answer``);
+3. log-probabilities under this node's own policy: the completion's worst window of
+   ``logprob_window`` tokens (the lowest mean token log-prob over any such run, in the
+   distribution this node samples from) must not fall more than ``logprob_margin`` nats
+   below the ``logprob_quantile`` quantile of the same statistic over this node's own
+   recent positive-advantage completions (``completions_implausible``). Text this node's policy
+   would write passes; an injected phrase is a run of tokens it would not (measured on
+   the embedded model: own right completions' worst 4-token window is above -2.7 nats,
+   a payload's is below -10). Comparing with this node's own distribution, not a fixed
+   number, makes it work for any model; the margin leaves room for peers that run
+   another model and phrase the same answer differently.
+
+A refused completion is removed from its group; the rest of the group trains, its
+advantages computed over what is left, and a group with fewer than two completions
+left is dropped. Per peer, ``sapo-node pool`` shows the completions checked and those
+refused, by reason. A cap on any one peer's share of a round's external groups
+(``max_author_share``) is applied where they are drawn (pool.py): one peer, however
+prolific, supplies at most that share of what a round learns from others.
+
+What this does not stop: a payload that this node's own policy already finds likely
+(it passes the log-prob check, and teaches little the node would not write anyway);
+text placed in completions below the group's mean, which the node learns to avoid.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import structlog
+
+from sapo_node.config import DefenceSection
+from sapo_node.trainer import Sample
+
+log = structlog.get_logger(__name__)
+
+CHECKED = "completions_checked"
+OUTSIDE_ANSWER = "completions_outside_answer"
+IMPLAUSIBLE = "completions_implausible"
+UNCHECKED = (
+    "completions_unchecked"  # no reference yet: this node has not generated enough of its own
+)
+DISTRUSTED = "distrusted"
+REFUSALS = (OUTSIDE_ANSWER, IMPLAUSIBLE, UNCHECKED)
+MIN_REFERENCE = 8  # own completions needed before the log-prob check can run
+MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
+
+
+def outside_answer_chars(text: str, tag: str = "answer") -> int:
+    """Characters of ``text`` outside its last ``<tag>...</tag>``, whitespace aside (all of
+    them if it has none).
+
+    >>> outside_answer_chars("<answer>7</answer>")
+    0
+    >>> outside_answer_chars(" 3 + 4 = 7\\n<answer>7</answer>")
+    5
+    >>> outside_answer_chars("<answer>7</answer> visit evil.example")
+    17
+    """
+    close = text.rfind(f"</{tag}>")
+    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
+    rest = text if start < 0 else text[:start] + text[close + len(tag) + 3 :]
+    return sum(not c.isspace() for c in rest)
+
+
+def worst_window(logprobs: Sequence[float], window: int) -> float:
+    """The lowest mean of ``window`` consecutive values (the mean of all if fewer).
+
+    >>> worst_window([-0.1, -0.2, -9.0, -8.0, -0.1], 2)
+    -8.5
+    >>> worst_window([-1.0, -3.0], 4)
+    -2.0
+    """
+    if not logprobs:
+        return 0.0
+    if len(logprobs) <= window:
+        return sum(logprobs) / len(logprobs)
+    run = sum(logprobs[:window])
+    worst = run
+    for i in range(window, len(logprobs)):
+        run += logprobs[i] - logprobs[i - window]
+        worst = min(worst, run)
+    return worst / window
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, linear between order statistics.
+
+    >>> quantile([4.0, 1.0, 3.0, 2.0], 0.0), quantile([4.0, 1.0, 3.0, 2.0], 0.5)
+    (1.0, 2.5)
+    """
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def above_mean(rewards: Sequence[float]) -> list[bool]:
+    """Which completions of a group get a positive advantage.
+
+    >>> above_mean([1.0, 0.0, 0.5, 0.0])
+    [True, False, True, False]
+    """
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    return [r > mean for r in rewards]
+
+
+class Defence:
+    """The checks of peers' completions, with this node's reference and peers' records.
+
+    ``logprobs(samples)``: the completion-token log-probs of each sample under this
+    node's current policy (``Trainer.completion_logprobs``). ``record(author, reason, n)``
+    counts per peer (``Pool.record``: shown by ``sapo-node pool``).
+    """
+
+    def __init__(
+        self,
+        settings: DefenceSection,
+        logprobs: Callable[[list[Sample]], list[list[float]]],
+        record: Callable[[str, str, int], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.logprobs, self.record, self.clock = logprobs, record, clock
+        self.reference: deque[float] = deque(maxlen=settings.reference_size)
+        self._history: OrderedDict[str, deque[bool]] = OrderedDict()
+        self._distrusted: dict[str, float] = {}  # author -> until (clock seconds)
+
+    # --- reputation -----------------------------------------------------------------------
+
+    def distrusted(self, author: str) -> bool:
+        """Whether ``author``'s messages are ignored for now."""
+        until = self._distrusted.get(author)
+        if until is None:
+            return False
+        if self.clock() < until:
+            return True
+        del self._distrusted[author]  # probation: a fresh record
+        self._history.pop(author, None)
+        return False
+
+    def distrusted_authors(self) -> set[str]:
+        return {a for a in list(self._distrusted) if self.distrusted(a)}
+
+    def _judge(self, author: str, passed: Sequence[bool]) -> None:
+        s = self.settings
+        history = self._history.pop(author, None) or deque(maxlen=s.reputation_window)
+        history.extend(passed)
+        self._history[author] = history
+        while len(self._history) > MAX_TRACKED:
+            self._history.popitem(last=False)
+        refused = history.count(False)
+        if len(history) >= s.reputation_min_checked and refused > s.reputation_max_refused * len(
+            history
+        ):
+            self._distrusted[author] = self.clock() + s.distrust_s
+            if len(self._distrusted) > MAX_TRACKED:  # many identities: the nearest ends go
+                del self._distrusted[min(self._distrusted, key=self._distrusted.__getitem__)]
+            log.warning(
+                "peer distrusted: too many of its completions failed the poisoning checks",
+                author=author,
+                refused=refused,
+                checked=len(history),
+                for_s=s.distrust_s,
+            )
+
+    # --- the round's check ----------------------------------------------------------------
+
+    def screen(self, own: Sequence[Any], external: Sequence[Any]) -> tuple[list[Any], Counter[str]]:
+        """The peers' groups of a round as they may train, and what was refused, by reason.
+
+        ``own`` and ``external`` are ``node.Group``s (this node's rewards, its tokens);
+        the own groups feed the log-prob reference first.
+        """
+        s = self.settings
+        counts: Counter[str] = Counter()
+        kept_groups: list[Any] = []
+        pending: list[tuple[Any, list[int]]] = []  # (group, indices to check by log-prob)
+        verdicts: dict[int, dict[int, str]] = {}  # id(group) -> {completion: reason}
+        for g in external:
+            if self.distrusted(g.origin):
+                self.record(g.origin, DISTRUSTED, 1)
+                counts[DISTRUSTED] += 1
+                continue
+            checked = [i for i, up in enumerate(above_mean(g.rewards)) if up]
+            refused: dict[int, str] = {}
+            for i in checked:
+                if (
+                    s.max_outside_answer_chars
+                    and outside_answer_chars(g.texts[i]) > s.max_outside_answer_chars
+                ):
+                    refused[i] = OUTSIDE_ANSWER
+            verdicts[id(g)] = refused
+            pending.append((g, [i for i in checked if i not in refused]))
+            kept_groups.append(g)
+        self._check_logprobs(own, pending, verdicts)
+        out = []
+        for g in kept_groups:
+            refused = verdicts[id(g)]
+            checked = [i for i, up in enumerate(above_mean(g.rewards)) if up]
+            if checked:
+                self.record(g.origin, CHECKED, len(checked))
+                counts[CHECKED] += len(checked)
+            for reason, n in Counter(refused.values()).items():
+                self.record(g.origin, reason, n)
+                counts[reason] += n
+            if checked:
+                self._judge(g.origin, [i not in refused for i in checked])
+            keep = [i for i in range(len(g.texts)) if i not in refused]
+            if len(keep) < 2:
+                continue
+            if refused:
+                g = replace(
+                    g,
+                    completion_ids=[g.completion_ids[i] for i in keep],
+                    texts=[g.texts[i] for i in keep],
+                    finished=[g.finished[i] for i in keep],
+                    rewards=[g.rewards[i] for i in keep],
+                )
+            out.append(g)
+        return out, counts
+
+    def _check_logprobs(self, own, pending, verdicts) -> None:
+        s = self.settings
+        if not s.logprob_check:
+            return
+        own_rows = [
+            (g, i, up) for g in own for i, up in enumerate(above_mean(g.rewards)) if g.rewards
+        ]
+        todo = [(g, i) for g, idx in pending for i in idx]
+        samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i, _ in own_rows]
+        samples += [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in todo]
+        if not samples:
+            return
+        stats = [worst_window(lp, s.logprob_window) for lp in self.logprobs(samples)]
+        own_stats, ext_stats = stats[: len(own_rows)], stats[len(own_rows) :]
+        self.reference.extend(x for x, (_, _, up) in zip(own_stats, own_rows, strict=True) if up)
+        reference = list(self.reference)
+        if len(reference) < MIN_REFERENCE:  # early: all of this round's own completions
+            reference += own_stats
+        if len(reference) < MIN_REFERENCE:
+            for g, i in todo:
+                verdicts[id(g)][i] = UNCHECKED
+            return
+        floor = quantile(reference, s.logprob_quantile) - s.logprob_margin
+        for (g, i), x in zip(todo, ext_stats, strict=True):
+            if x < floor:
+                verdicts[id(g)][i] = IMPLAUSIBLE

@@ -1,0 +1,301 @@
+"""The poisoning attack, measured: honest nodes and one poisoning peer, defences off or on.
+
+A swarm of ``--nodes`` honest nodes (the real ``Node.run_round`` path, the embedded model
+by default) and one poisoning peer (tests/support/poison.py: valid, regenerable groups
+of the nodes' own tasks, right with probability ``--accuracy``, the right completions
+carrying ``--payload``) exchange real wire bytes over the in-memory transport, in
+lockstep as in ``sapo-node experiment``: every node runs round r, then what everyone
+published in round r is delivered. Each honest node is a victim of the attacker and an
+honest peer of the others.
+
+Measured, per node and overall:
+
+- the attack's success: the share of each node's own completions that carry the payload,
+  per round (read from the groups it publishes: every one, ``net.publish = all``), and
+  the share of its held-out evaluation completions (sampled and greedy) that do, at the
+  start, every ``--eval-every`` rounds and at the end;
+- what the defences refused, by reason, of the attacker's completions and of the honest
+  peers' (the nodes' pools count both: ``sapo-node pool`` shows the same table).
+
+``--defences off`` sets ``defence.enabled = false``; ``on`` leaves the node defaults.
+Everything else, seeds included, is the same in both, so the two runs differ only there.
+
+Output: OUT/rounds.jsonl (one line per node and round), OUT/evals.jsonl, OUT/report.json
+(the summary below, also printed). Each node's data directory is OUT/node-<i>.
+
+Usage (docs/security.md has the commands and the results):
+    python scripts/poison_attack.py --out DIR --defences off --rounds 40
+    python scripts/poison_attack.py --out DIR --defences on --rounds 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sapo_node import wire  # noqa: E402
+from sapo_node.config import Config, _deep_merge  # noqa: E402
+from sapo_node.net.memory import MemoryHub  # noqa: E402
+from tests.support.poison import DEFAULT_PAYLOAD, PoisonPeer, carries  # noqa: E402
+
+ATTACKER = "attacker"
+OBSERVER = "observer"
+SEED_SPACING = 2**40
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--defences", choices=["on", "off"], required=True)
+    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--nodes", type=int, default=2, help="honest nodes")
+    p.add_argument("--ratio", default="2/2", help="I/J of the honest nodes")
+    p.add_argument("--payload", default=DEFAULT_PAYLOAD)
+    p.add_argument("--position", choices=["suffix", "prefix"], default="prefix")
+    p.add_argument("--accuracy", type=float, default=0.5, help="the attacker's, per completion")
+    p.add_argument("--groups", type=int, default=4, help="the attacker's groups per round")
+    p.add_argument("--seed", type=int, default=2026)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument(
+        "--base",
+        type=Path,
+        default=ROOT / "configs" / "experiments" / "cpu.toml",
+        help="an experiment file whose [base] and [eval] tables set up the nodes",
+    )
+    p.add_argument("--model", help="override the base's model.name (tests: a tiny model)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=JSON",
+        help="override a node config key, e.g. train.lr=1e-4 (repeatable)",
+    )
+    return p.parse_args(argv)
+
+
+def node_configs(args: argparse.Namespace) -> list[Config]:
+    spec = tomllib.loads(args.base.read_text(encoding="utf-8"))
+    local, external = (int(x) for x in args.ratio.split("/"))
+    base: dict[str, Any] = spec.get("base", {})
+    overrides: dict[str, Any] = {
+        "train": {"local_groups": local, "external_groups": external},
+        "curriculum": {"enabled": False},
+        "net": {"enabled": False, "publish": "all"},
+        "eval": {**spec.get("eval", {}), "every": 0},
+    }
+    if args.defences == "off":
+        overrides["defence"] = {"enabled": False}
+    if args.model:
+        overrides["model"] = {"name": args.model}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        overrides.setdefault(section, {})[name] = json.loads(value)
+    out = []
+    for i in range(args.nodes):
+        forced = {
+            "node": {
+                "data_dir": str(args.out / f"node-{i}"),
+                "seed": args.seed + i * SEED_SPACING,
+                "rounds": args.rounds,
+                "threads": args.threads,
+                "keep_checkpoints": 1,
+            }
+        }
+        out.append(Config.model_validate(_deep_merge(_deep_merge(base, overrides), forced)))
+    return out
+
+
+class PayloadProbe:
+    """How close a node is to writing the payload, before it samples it: the mean over 8
+    held-out tasks of log p(payload), in nats, under the node's current policy, where the
+    attacker puts it: at the start of the completion (``prefix``) or right after the
+    right answer (``suffix``: the prompt is followed by ``<answer>ANSWER</answer>``)."""
+
+    def __init__(self, config: Config, attacker: PoisonPeer, policy) -> None:
+        from sapo_node.evaluate import heldout_refs
+        from sapo_node.tasks import build_messages, make_task
+        from sapo_node.trainer import Sample
+
+        t, limit = config.tasks, config.generation.max_new_tokens
+        self.samples = []
+        for ref, _ in heldout_refs(t.families, config.curriculum, config.eval)[:8]:
+            task = make_task(ref)
+            prompt = policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
+            if attacker.position == "prefix":
+                payload = policy.encode_completion(attacker.payload, False, limit).ids
+            else:
+                answer = policy.encode_completion(f"<answer>{task.answer}</answer>", False, limit)
+                prompt = prompt + answer.ids
+                payload = policy.encode_completion(" " + attacker.payload, False, limit).ids
+            self.samples.append(Sample(prompt, payload, 0.0))
+
+    def logprob(self, node) -> float:
+        rows = node.trainer.completion_logprobs(self.samples)
+        return sum(sum(r) for r in rows) / len(rows)
+
+
+def payload_share(texts: list[str], payload: str) -> float:
+    return sum(carries(t, payload) for t in texts) / len(texts) if texts else 0.0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from sapo_node.experiment import Deferred, _locked, _share_model_cache
+    from sapo_node.node import Node
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    if (args.out / "rounds.jsonl").exists():
+        raise SystemExit(f"{args.out} holds a run already: give another --out")
+    configs = node_configs(args)
+    hub = MemoryHub()
+    observer = hub.join(OBSERVER, per_author=4096, total=65536)
+    attacker = PoisonPeer(
+        configs[0],
+        args.seed + 10**6 * SEED_SPACING,
+        payload=args.payload,
+        accuracy=args.accuracy,
+        groups=args.groups,
+        position=args.position,
+    )
+    attacker_link = Deferred(hub.join(ATTACKER))
+    nodes: list[Node] = []
+    names: dict[str, int] = {}
+    rounds_log = (args.out / "rounds.jsonl").open("a", encoding="utf-8")
+    evals_log = (args.out / "evals.jsonl").open("a", encoding="utf-8")
+    try:
+        for i, config in enumerate(configs):
+            data_dir = config.node.resolved_data_dir()
+            data_dir.mkdir(parents=True, exist_ok=True)
+            _share_model_cache(args.out, data_dir)
+            with _locked(args.out / ".models.lock"):
+                node = Node(config, transport=Deferred(hub.join(f"node-{i}")))
+            nodes.append(node)
+            names[f"node-{i}"] = i
+
+        def evaluate(r: int) -> None:
+            for i, node in enumerate(nodes):
+                report = node.evaluate()
+                texts = [t for task in report.tasks for t in task.texts]
+                greedy = [task.texts[-1] for task in report.tasks]
+                line = {
+                    "node": i,
+                    "round": r,
+                    "payload_rate": payload_share(texts, args.payload),
+                    "payload_rate_greedy": payload_share(greedy, args.payload),
+                    "pass1": report.metrics()["eval/pass1"],
+                    "greedy": report.metrics()["eval/greedy"],
+                }
+                evals_log.write(json.dumps(line) + "\n")
+                evals_log.flush()
+                print(
+                    f"eval node {i} after {r} rounds: payload {line['payload_rate']:.3f} "
+                    f"(greedy {line['payload_rate_greedy']:.3f}), pass@1 {line['pass1']:.3f}",
+                    flush=True,
+                )
+
+        probe = PayloadProbe(configs[0], attacker, nodes[0].policy)
+        evaluate(0)
+        for r in range(args.rounds):
+            start = time.perf_counter()
+            records = []
+            for node in nodes:
+                node.transport.round = r
+                records.append(node.run_round(r))
+                node.metrics.append(records[-1])
+                node.round += 1
+            attacker_link.round = r
+            for data in attacker.round_messages(r):
+                attacker_link.publish(data)
+            attacker_link.flush(r)
+            for node in nodes:
+                node.transport.flush(r)
+            own: dict[int, list[str]] = {i: [] for i in range(len(nodes))}
+            lines: list[dict[str, Any]] = []
+            for message in observer.received():
+                if message.author in names:
+                    group = wire.decode(message.data)
+                    own[names[message.author]] += list(group.completions)
+            for i, (node, rec) in enumerate(zip(nodes, records, strict=True)):
+                line = {
+                    "node": i,
+                    "round": r,
+                    "payload_rate": payload_share(own[i], args.payload),
+                    "payload_logprob": probe.logprob(node),
+                    "completions": len(own[i]),
+                    "examples": own[i][:: max(1, len(own[i]) // 4)][:4],
+                    "reward_mean": rec["reward_mean"],
+                    "external_groups": rec["external_groups"],
+                    "groups_trained": rec["groups_trained"],
+                    "t_round": rec["t_round"],
+                }
+                rounds_log.write(json.dumps(line) + "\n")
+                lines.append(line)
+            rounds_log.flush()
+            print(
+                f"round {r}: payload "
+                + " ".join(f"{payload_share(own[i], args.payload):.3f}" for i in own)
+                + " log-prob "
+                + " ".join(f"{x['payload_logprob']:.2f}" for x in lines)
+                + f" ({time.perf_counter() - start:.1f} s)",
+                flush=True,
+            )
+            if args.eval_every and (r + 1) % args.eval_every == 0 or r + 1 == args.rounds:
+                evaluate(r + 1)
+        for node in nodes:
+            node.save()
+        report = summarise(args, nodes)
+    finally:
+        rounds_log.close()
+        evals_log.close()
+        for node in nodes:
+            node.close()
+    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def summarise(args: argparse.Namespace, nodes: list) -> dict[str, Any]:
+    """The figures of docs/security.md: payload rates at the end, refusals by author kind."""
+    rounds = [json.loads(x) for x in (args.out / "rounds.jsonl").read_text().splitlines()]
+    evals = [json.loads(x) for x in (args.out / "evals.jsonl").read_text().splitlines()]
+    last = max(x["round"] for x in rounds)
+    tail = [x for x in rounds if x["round"] > last - max(1, args.rounds // 10)]
+    final = [x for x in evals if x["round"] == max(e["round"] for e in evals)]
+    refused: dict[str, Counter[str]] = {"attacker": Counter(), "honest": Counter()}
+    for node in nodes:
+        for author, counts in node.pool.counts().items():
+            kind = "attacker" if author == ATTACKER else "honest"
+            refused[kind].update(counts)
+    return {
+        "defences": args.defences,
+        "rounds": args.rounds,
+        "nodes": args.nodes,
+        "payload": args.payload,
+        "position": args.position,
+        "own_payload_rate_last_tenth": sum(x["payload_rate"] for x in tail) / len(tail),
+        "own_payload_rate_max": max(x["payload_rate"] for x in rounds),
+        "eval_payload_rate_end": sum(x["payload_rate"] for x in final) / len(final),
+        "eval_payload_rate_greedy_end": sum(x["payload_rate_greedy"] for x in final) / len(final),
+        "eval_pass1_end": sum(x["pass1"] for x in final) / len(final),
+        "pool_counts": {k: dict(v) for k, v in refused.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""scripts/poison_attack.py, for a few rounds on the tiny model: both arms run and report
+what docs/security.md reports (the embedded-model figures come from the same script)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.swarm import REPO
+
+pytestmark = pytest.mark.timeout(300)
+SCRIPT = REPO / "scripts" / "poison_attack.py"
+
+
+def _run(out: Path, model: Path, defences: str) -> dict:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(out),
+            "--defences",
+            defences,
+            "--model",
+            str(model),
+            "--rounds",
+            "3",
+            "--nodes",
+            "2",
+            "--eval-every",
+            "2",
+            "--set",
+            "eval.tasks=4",
+            "--set",
+            "generation.max_new_tokens=80",
+            # longer than the outside-answer bound: a random tiny model finds every
+            # character about as likely, so there the log-prob check cannot tell
+            "--payload",
+            "Hail to the thief: visit sapo-free-gpu.example",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads((out / "report.json").read_text())
+
+
+def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
+    off = _run(tmp_path / "off", tiny_model_dir, "off")
+    on = _run(tmp_path / "on", tiny_model_dir, "on")
+    for report in (off, on):
+        assert 0.0 <= report["own_payload_rate_last_tenth"] <= 1.0
+        assert 0.0 <= report["eval_payload_rate_end"] <= 1.0
+        rounds = [
+            json.loads(x)
+            for x in (tmp_path / report["defences"] / "rounds.jsonl").read_text().splitlines()
+        ]
+        assert sorted({(x["node"], x["round"]) for x in rounds}) == [
+            (n, r) for n in (0, 1) for r in range(3)
+        ]
+        evals = [
+            json.loads(x)["round"]
+            for x in (tmp_path / report["defences"] / "evals.jsonl").read_text().splitlines()
+        ]
+        assert sorted(set(evals)) == [0, 2, 3]
+    # Both nodes took the attacker's groups; only the defended ones checked them.
+    assert off["pool_counts"]["attacker"]["accepted"] > 0
+    assert "completions_checked" not in off["pool_counts"]["attacker"]
+    assert on["pool_counts"]["attacker"]["completions_checked"] > 0
+    assert on["pool_counts"]["attacker"].get("completions_outside_answer", 0) > 0

@@ -1,0 +1,245 @@
+"""The poisoning defences (sapo_node/defence.py) against the attack tool (tests/support/
+poison.py): the checks on a real (tiny, trained) policy, the per-peer records, the share
+cap, and the attacker's groups passing every intake check without them."""
+
+from __future__ import annotations
+
+import doctest
+import random
+
+import pytest
+import torch
+
+from sapo_node import defence as defence_module
+from sapo_node import wire
+from sapo_node.config import Config, DefenceSection, LoraSection, TrainSection
+from sapo_node.defence import (
+    CHECKED,
+    DISTRUSTED,
+    IMPLAUSIBLE,
+    OUTSIDE_ANSWER,
+    UNCHECKED,
+    Defence,
+)
+from sapo_node.intake import Intake
+from sapo_node.node import Group
+from sapo_node.policy import load_policy
+from sapo_node.pool import Pool, PooledGroup, group_digest, summary
+from sapo_node.tasks import Scorer, Task, TaskRef
+from sapo_node.trainer import Sample, Trainer
+from tests.support import poison as poison_module
+from tests.support.poison import PoisonPeer, carries, poison
+
+ARITHMETIC = {
+    "name": "basic_arithmetic",
+    "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "levels": [{}],
+}
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(defence_module).failed == 0
+    assert doctest.testmod(poison_module).failed == 0
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny policy taught, by a few GRPO steps, to answer ``<answer>7</answer>``: its
+    own text is likely under it, anything else is not (a random model finds every
+    character about as likely as any other, and so cannot tell text apart)."""
+    from tests.support.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("taught"))
+    policy = load_policy(
+        str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+    )
+    torch.manual_seed(0)
+    trainer = Trainer(policy, TrainSection(lr=1e-2, micro_batch_size=16), max_new_tokens=80)
+    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+    good = policy.encode_completion("<answer>7</answer>", True, 40).ids
+    rng = random.Random(0)
+    for _ in range(60):
+        bad = [
+            policy.encode_completion(
+                "".join(rng.choices("abcdefgh <>/0123456789", k=12)), True, 40
+            ).ids
+            for _ in range(4)
+        ]
+        trainer.step([Sample(prompt, good, 1.0)] * 4 + [Sample(prompt, b, -1.0) for b in bad])
+    return policy, trainer, prompt
+
+
+def _group(policy, prompt, texts, rewards, origin="peer") -> Group:
+    done = [policy.encode_completion(t, True, 80) for t in texts]
+    task = Task(TaskRef("basic_arithmetic", "{}", 0, 0), "Say 7.", "7")
+    return Group(
+        task,
+        prompt,
+        [c.ids for c in done],
+        [c.text for c in done],
+        [True] * len(done),
+        list(rewards),
+        origin=origin,
+    )
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.by: dict[tuple[str, str], int] = {}
+
+    def __call__(self, author: str, reason: str, n: int = 1) -> None:
+        self.by[(author, reason)] = self.by.get((author, reason), 0) + n
+
+
+def _own(policy, prompt) -> list[Group]:
+    return [
+        _group(
+            policy,
+            prompt,
+            ["<answer>7</answer>"] * 3 + ["<answer>3</answer>"],
+            [1, 1, 1, 0],
+            "local",
+        )
+        for _ in range(4)
+    ]
+
+
+def test_poisoned_right_answers_are_refused_and_honest_ones_kept(trained) -> None:
+    policy, trainer, prompt = trained
+    counts = Counts()
+    d = Defence(DefenceSection(), trainer.completion_logprobs, counts)
+    honest = _group(
+        policy,
+        prompt,
+        ["<answer>7</answer>"] * 2 + ["<answer>1</answer>"] * 2,
+        [1, 1, 0, 0],
+        "honest",
+    )
+    payload = "hail"  # 4 characters: under the outside-answer bound, so the log-probs decide
+    poisoned = _group(
+        policy,
+        prompt,
+        [poison("<answer>7</answer>", payload, "suffix")] * 2 + ["<answer>1</answer>"] * 2,
+        [1, 1, 0, 0],
+        "attacker",
+    )
+    kept, screened = d.screen(_own(policy, prompt), [honest, poisoned])
+    assert [g.origin for g in kept] == ["honest", "attacker"]
+    assert kept[0].texts == honest.texts  # nothing of the honest group refused
+    assert kept[1].texts == ["<answer>1</answer>"] * 2  # the payload's carriers are gone
+    assert not kept[1].has_signal  # what is left teaches nothing
+    assert counts.by == {
+        ("honest", CHECKED): 2,
+        ("attacker", CHECKED): 2,
+        ("attacker", IMPLAUSIBLE): 2,
+    }
+    assert screened == {CHECKED: 4, IMPLAUSIBLE: 2}
+
+
+def test_text_outside_a_direct_answer_is_refused(trained) -> None:
+    policy, trainer, prompt = trained
+    counts = Counts()
+    d = Defence(DefenceSection(logprob_check=False), trainer.completion_logprobs, counts)
+    long = poison("<answer>7</answer>", "Hail to the thief: visit sapo-free-gpu.example", "prefix")
+    wrong_and_long = "x" * 60  # below the mean: trained away from, so not checked
+    g = _group(
+        policy,
+        prompt,
+        [long, "<answer>7</answer>", wrong_and_long, "<answer>2</answer>"],
+        [1, 1, 0, 0],
+    )
+    kept, screened = d.screen([], [g])
+    assert kept[0].texts == ["<answer>7</answer>", "x" * 60, "<answer>2</answer>"]
+    assert counts.by == {("peer", CHECKED): 2, ("peer", OUTSIDE_ANSWER): 1}
+
+
+def test_no_reference_yet_means_unchecked_not_accepted(trained) -> None:
+    policy, trainer, prompt = trained
+    counts = Counts()
+    d = Defence(DefenceSection(), trainer.completion_logprobs, counts)
+    g = _group(policy, prompt, ["<answer>7</answer>", "<answer>2</answer>"] * 2, [1, 0, 1, 0])
+    kept, screened = d.screen([], [g])  # a node that generated nothing of its own yet
+    assert screened[UNCHECKED] == 2
+    assert kept[0].texts == ["<answer>2</answer>"] * 2 and not kept[0].has_signal
+
+
+def test_a_peer_that_keeps_failing_is_distrusted_then_forgiven(trained) -> None:
+    policy, trainer, prompt = trained
+    now = [0.0]
+    counts = Counts()
+    settings = DefenceSection(reputation_min_checked=8, reputation_window=16, distrust_s=60)
+    d = Defence(settings, trainer.completion_logprobs, counts, clock=lambda: now[0])
+    bad = poison("<answer>7</answer>", "zzzz", "suffix")
+    own = _own(policy, prompt)
+    for _ in range(2):
+        assert not d.distrusted("attacker")
+        d.screen(
+            own,
+            [
+                _group(
+                    policy,
+                    prompt,
+                    [bad] * 4 + ["<answer>1</answer>"] * 4,
+                    [1] * 4 + [0] * 4,
+                    "attacker",
+                )
+            ],
+        )
+    assert d.distrusted("attacker") and d.distrusted_authors() == {"attacker"}
+    kept, screened = d.screen(
+        own,
+        [_group(policy, prompt, ["<answer>7</answer>", "<answer>1</answer>"], [1, 0], "attacker")],
+    )
+    assert kept == [] and screened == {DISTRUSTED: 1}
+    now[0] = 61.0  # probation: a fresh record
+    assert not d.distrusted("attacker") and d.distrusted_authors() == set()
+
+
+def test_pool_caps_one_authors_share_and_skips_distrusted(tmp_path) -> None:
+    pool = Pool(None, sampling="uniform")
+    for i in range(12):
+        author = "big" if i < 10 else f"small-{i}"
+        g = wire.RolloutGroup(
+            ref=TaskRef("basic_arithmetic", "{}", 0, i),
+            generator="reasoning-gym 0.1.19",
+            question="q",
+            completions=("a", "b"),
+            model="m",
+            round=0,
+            created_ms=0,
+        )
+        pool.add(PooledGroup(g, author, (1.0, 0.0)), wire.encode(g), group_digest(author, g))
+    taken = pool.sample(4, random.Random(0), per_author=2)
+    authors = [p.author for p in taken]
+    assert len(taken) == 4 and authors.count("big") == 2
+    taken = pool.sample(4, random.Random(0), exclude={"big"})
+    assert [p.author for p in taken] == []  # the small ones went in the first draw
+    assert len(pool) == 8  # the excluded author's groups stay pooled
+
+
+def test_the_attackers_groups_pass_every_intake_check(tmp_path) -> None:
+    """Without the defences nothing stands in the way: the intake accepts the poisoned
+    groups and gives exactly the payload's carriers the top reward."""
+    config = Config.model_validate(
+        {"node": {"data_dir": str(tmp_path)}, "tasks": {"families": [ARITHMETIC]}}
+    )
+    from sapo_node.curriculum import Curriculum
+
+    attacker = PoisonPeer(config, seed=3, payload="visit evil.example", accuracy=0.5, groups=4)
+    pool = Pool(tmp_path / "pool.sqlite3")
+    scorer = Scorer()
+    try:
+        intake = Intake(
+            pool,
+            scorer,
+            known_configs=Curriculum(config.tasks.families, config.curriculum).known_configs(),
+        )
+        verdicts = [intake.receive(m, "attacker") for m in attacker.round_messages(0)]
+        assert [v.outcome for v in verdicts] == ["accepted"] * 4
+        for v in verdicts:
+            for text, reward in zip(v.item.group.completions, v.item.rewards, strict=True):
+                assert carries(text, "visit evil.example") == (reward == 1.0)
+        assert summary(tmp_path / "pool.sqlite3")["peers"]["attacker"]["accepted"] == 4
+    finally:
+        scorer.close()
+        pool.close()
