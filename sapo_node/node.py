@@ -8,9 +8,12 @@ Every round r the node
   4. scores them with its own verifier in a sandboxed worker,
   5. shares them: one wire message per group (wire.py), published on the swarm's
      transport (net/); what peers sent meanwhile is checked into the pool,
-  6. computes group advantages and drops groups without signal,
-  7. takes one GRPO step (or ppo_epochs steps) on the mix, and
-  8. records metrics, moves the curriculum, and checkpoints every N rounds.
+  6. screens the peers' groups against poisoning: their completions with a positive
+     advantage that carry text this node's own policy would not write are removed
+     (defence.py),
+  7. computes group advantages and drops groups without signal,
+  8. takes one GRPO step (or ppo_epochs steps) on the mix, and
+  9. records metrics, moves the curriculum, and checkpoints every N rounds.
 
 Departures from the paper, and why:
 - External groups are taken at the start of the round, not after generation, so that

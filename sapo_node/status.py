@@ -130,6 +130,8 @@ class Status:
         outcomes: Counter[str] = Counter()
         for counts in n.pool.counts().values():
             outcomes.update(counts)
+        # The poisoning checks count completions, not groups (defence.py).
+        completions = {k: outcomes.pop(k) for k in list(outcomes) if k.startswith("completions_")}
         return {
             "model": m.name,
             "device": str(n.policy.device),
@@ -157,6 +159,7 @@ class Status:
             },
             "pool": {"groups": len(n.pool), "mb": n.pool.size_bytes() / 2**20},
             "peer_groups": dict(outcomes.most_common()),
+            "peer_completions": dict(sorted(completions.items())),
         }
 
 
@@ -211,6 +214,14 @@ def metric_families(f: dict[str, Any]) -> list[Metric]:
             "counted since the pool was created.",
             "outcome",
             f["peer_groups"],
+            CounterMetricFamily,
+        )
+        labelled(
+            "sapo_peer_completions",
+            "Peers' completions that the poisoning checks looked at (completions_checked) "
+            "and refused, by reason; counted since the pool was created.",
+            "outcome",
+            f["peer_completions"],
             CounterMetricFamily,
         )
         if (r := f["last_round"]) is not None:
@@ -434,6 +445,9 @@ def summary(f: dict[str, Any]) -> list[str]:
             f"pool {f['pool']['groups']} groups ({f['pool']['mb']:.1f} MiB); "
             f"peers' groups: {outcomes}"
         )
+        if f["peer_completions"]:
+            checked = ", ".join(f"{k} {v}" for k, v in f["peer_completions"].items())
+            lines.append(f"peers' completions (poisoning checks): {checked}")
     if (n := f.get("net")) is not None:
         lines.append(
             f"swarm: {n['peers']} peers; groups out {n['published']} ({n['publish_dropped']} "

@@ -26,6 +26,7 @@ Output: OUT/rounds.jsonl (one line per node and round), OUT/evals.jsonl, OUT/rep
 Usage (docs/security.md has the commands and the results):
     python scripts/poison_attack.py --out DIR --defences off --rounds 40
     python scripts/poison_attack.py --out DIR --defences on --rounds 40
+    python scripts/poison_attack.py summarise DIR [DIR ...]   # report.json again
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from sapo_node import wire  # noqa: E402
 from sapo_node.config import Config, _deep_merge  # noqa: E402
+from sapo_node.defence import CHECKED  # noqa: E402
 from sapo_node.net.memory import MemoryHub  # noqa: E402
 from tests.support.poison import DEFAULT_PAYLOAD, PoisonPeer, carries  # noqa: E402
 
@@ -157,6 +159,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if (args.out / "rounds.jsonl").exists():
         raise SystemExit(f"{args.out} holds a run already: give another --out")
     configs = node_configs(args)
+    run_facts = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    (args.out / "run.json").write_text(json.dumps(run_facts, indent=2) + "\n", encoding="utf-8")
     hub = MemoryHub()
     observer = hub.join(OBSERVER, per_author=4096, total=65536)
     attacker = PoisonPeer(
@@ -253,44 +257,66 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 evaluate(r + 1)
         for node in nodes:
             node.save()
-        report = summarise(args, nodes)
     finally:
         rounds_log.close()
         evals_log.close()
         for node in nodes:
             node.close()
+    report = summarise(args.out)
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
 
 
-def summarise(args: argparse.Namespace, nodes: list) -> dict[str, Any]:
-    """The figures of docs/security.md: payload rates at the end, refusals by author kind."""
-    rounds = [json.loads(x) for x in (args.out / "rounds.jsonl").read_text().splitlines()]
-    evals = [json.loads(x) for x in (args.out / "evals.jsonl").read_text().splitlines()]
+def summarise(out: Path) -> dict[str, Any]:
+    """The figures of docs/security.md, from what a run left in ``out`` (run.json,
+    rounds.jsonl, evals.jsonl and the nodes' pools): payload rates, refusals by kind of
+    author (the attacker, the honest nodes)."""
+    from sapo_node.pool import summary
+
+    run = json.loads((out / "run.json").read_text())
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    evals = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
     last = max(x["round"] for x in rounds)
-    tail = [x for x in rounds if x["round"] > last - max(1, args.rounds // 10)]
+    tail = [x for x in rounds if x["round"] > last - max(1, (last + 1) // 10)]
     final = [x for x in evals if x["round"] == max(e["round"] for e in evals)]
-    refused: dict[str, Counter[str]] = {"attacker": Counter(), "honest": Counter()}
-    for node in nodes:
-        for author, counts in node.pool.counts().items():
-            kind = "attacker" if author == ATTACKER else "honest"
-            refused[kind].update(counts)
+    counts: dict[str, Counter[str]] = {"attacker": Counter(), "honest": Counter()}
+    for pool_file in sorted(out.glob("node-*/pool.sqlite3")):
+        for author, c in summary(pool_file)["peers"].items():
+            counts["attacker" if author == ATTACKER else "honest"].update(
+                {k: v for k, v in c.items() if k != "held"}
+            )
+
+    def refusal_rate(c: Counter[str]) -> float | None:
+        refused = sum(n for k, n in c.items() if k.startswith("completions_") and k != CHECKED)
+        return refused / c[CHECKED] if c[CHECKED] else None
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
     return {
-        "defences": args.defences,
-        "rounds": args.rounds,
-        "nodes": args.nodes,
-        "payload": args.payload,
-        "position": args.position,
-        "own_payload_rate_last_tenth": sum(x["payload_rate"] for x in tail) / len(tail),
+        **run,
+        "rounds_done": last + 1,
+        "own_payload_rate_last_tenth": mean([x["payload_rate"] for x in tail]),
+        "own_payload_rate_all": mean([x["payload_rate"] for x in rounds]),
         "own_payload_rate_max": max(x["payload_rate"] for x in rounds),
-        "eval_payload_rate_end": sum(x["payload_rate"] for x in final) / len(final),
-        "eval_payload_rate_greedy_end": sum(x["payload_rate_greedy"] for x in final) / len(final),
-        "eval_pass1_end": sum(x["pass1"] for x in final) / len(final),
-        "pool_counts": {k: dict(v) for k, v in refused.items()},
+        "payload_logprob_end": mean([x["payload_logprob"] for x in rounds if x["round"] == last]),
+        "eval_round_end": final[0]["round"],
+        "eval_payload_rate_end": mean([x["payload_rate"] for x in final]),
+        "eval_payload_rate_greedy_end": mean([x["payload_rate_greedy"] for x in final]),
+        "eval_pass1_end": mean([x["pass1"] for x in final]),
+        "eval_greedy_end": mean([x["greedy"] for x in final]),
+        "attacker_refusal_rate": refusal_rate(counts["attacker"]),
+        "honest_refusal_rate": refusal_rate(counts["honest"]),
+        "pool_counts": {k: dict(sorted(v.items())) for k, v in counts.items()},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["summarise"]:  # the report again, from what runs left on disk
+        for out in argv[1:]:
+            print(json.dumps(summarise(Path(out)), indent=2))
+        return 0
     args = parse_args(argv)
     report = run(args)
     print(json.dumps(report, indent=2))

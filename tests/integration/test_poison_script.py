@@ -74,3 +74,13 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
     assert "completions_checked" not in off["pool_counts"]["attacker"]
     assert on["pool_counts"]["attacker"]["completions_checked"] > 0
     assert on["pool_counts"]["attacker"].get("completions_outside_answer", 0) > 0
+    assert on["attacker_refusal_rate"] > 0 and off["attacker_refusal_rate"] is None
+    # The report can be made again from what the run left on disk.
+    again = subprocess.run(
+        [sys.executable, str(SCRIPT), "summarise", str(tmp_path / "on")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0 and json.loads(again.stdout) == on
