@@ -370,6 +370,13 @@ class DefenceSection(_Section):
         description="Most characters (spaces aside) outside the answer tags; for prompts "
         "that ask for a direct answer, as the default one does (0: no bound).",
     )
+    outside_answer_scale: float = Field(
+        1.5,
+        ge=1.0,
+        le=1000.0,
+        description="The bound is raised to this times the 95% quantile of this node's own "
+        "recent right answers' text outside the answer, when that is more.",
+    )
     logprob_check: bool = Field(
         True, description="Refuse completions this node's own policy finds implausible."
     )

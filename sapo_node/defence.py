@@ -17,8 +17,10 @@ go through, in order:
    checked, once at least ``reputation_min_checked`` were) are dropped, and the intake
    ignores that peer's messages (``distrusted``) for ``distrust_s`` seconds;
 2. text outside the answer: the prompts ask for a direct answer between ``<answer>``
-   tags, so a completion with more than ``max_outside_answer_chars`` characters (spaces
-   aside) outside its last answer is refused (``completions_outside_answer``);
+   tags, so a completion with more characters (spaces aside) outside its last answer
+   than ``max_outside_answer_chars``, or than ``outside_answer_scale`` times the 95%
+   quantile of this node's own recent positive-advantage completions if that is more,
+   is refused (``completions_outside_answer``);
 3. log-probabilities under this node's own policy: the completion's worst window of
    ``logprob_window`` tokens (the lowest mean token log-prob over any such run, in the
    distribution this node samples from) must not fall more than ``logprob_margin`` nats
@@ -44,6 +46,7 @@ text placed in completions below the group's mean, which the node learns to avoi
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -147,8 +150,22 @@ class Defence:
         self.settings = settings
         self.logprobs, self.record, self.clock = logprobs, record, clock
         self.reference: deque[float] = deque(maxlen=settings.reference_size)
+        self.outside: deque[int] = deque(maxlen=settings.reference_size)
         self._history: OrderedDict[str, deque[bool]] = OrderedDict()
         self._distrusted: dict[str, float] = {}  # author -> until (clock seconds)
+
+    def outside_bound(self) -> int:
+        """Most characters a checked completion may have outside its answer (0: no bound):
+        ``max_outside_answer_chars``, or more if this node's own recent right answers
+        (positive advantage) write more there: ``outside_answer_scale`` times their 95%
+        quantile. A peer may say as much beside its answer as this node itself does."""
+        s = self.settings
+        if not s.max_outside_answer_chars:
+            return 0
+        if not self.outside:
+            return s.max_outside_answer_chars
+        own = quantile(list(self.outside), 0.95) * s.outside_answer_scale
+        return max(s.max_outside_answer_chars, math.ceil(own))
 
     # --- reputation -----------------------------------------------------------------------
 
@@ -196,11 +213,17 @@ class Defence:
         ``own`` and ``external`` are ``node.Group``s (this node's rewards, its tokens);
         the own groups feed the log-prob reference first.
         """
-        s = self.settings
         counts: Counter[str] = Counter()
         kept_groups: list[Any] = []
         pending: list[tuple[Any, list[int]]] = []  # (group, indices to check by log-prob)
         verdicts: dict[int, dict[int, str]] = {}  # id(group) -> {completion: reason}
+        self.outside.extend(
+            outside_answer_chars(t)
+            for g in own
+            for t, up in zip(g.texts, above_mean(g.rewards), strict=True)
+            if up
+        )
+        bound = self.outside_bound()
         for g in external:
             if self.distrusted(g.origin):
                 self.record(g.origin, DISTRUSTED, 1)
@@ -209,10 +232,7 @@ class Defence:
             checked = [i for i, up in enumerate(above_mean(g.rewards)) if up]
             refused: dict[int, str] = {}
             for i in checked:
-                if (
-                    s.max_outside_answer_chars
-                    and outside_answer_chars(g.texts[i]) > s.max_outside_answer_chars
-                ):
+                if bound and outside_answer_chars(g.texts[i]) > bound:
                     refused[i] = OUTSIDE_ANSWER
             verdicts[id(g)] = refused
             pending.append((g, [i for i in checked if i not in refused]))

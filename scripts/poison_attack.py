@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"{args.out} holds a run already: give another --out")
     configs = node_configs(args)
     run_facts = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    run_facts["completions_per_task"] = configs[0].generation.completions_per_task
     (args.out / "run.json").write_text(json.dumps(run_facts, indent=2) + "\n", encoding="utf-8")
     hub = MemoryHub()
     observer = hub.join(OBSERVER, per_author=4096, total=65536)
@@ -280,15 +281,24 @@ def summarise(out: Path) -> dict[str, Any]:
     tail = [x for x in rounds if x["round"] > last - max(1, (last + 1) // 10)]
     final = [x for x in evals if x["round"] == max(e["round"] for e in evals)]
     counts: dict[str, Counter[str]] = {"attacker": Counter(), "honest": Counter()}
+    held: Counter[str] = Counter()
     for pool_file in sorted(out.glob("node-*/pool.sqlite3")):
         for author, c in summary(pool_file)["peers"].items():
-            counts["attacker" if author == ATTACKER else "honest"].update(
-                {k: v for k, v in c.items() if k != "held"}
-            )
+            kind = "attacker" if author == ATTACKER else "honest"
+            counts[kind].update({k: v for k, v in c.items() if k != "held"})
+            held[kind] += c.get("held", 0)
+
+    def refused(c: Counter[str]) -> int:
+        return sum(n for k, n in c.items() if k.startswith("completions_") and k != CHECKED)
 
     def refusal_rate(c: Counter[str]) -> float | None:
-        refused = sum(n for k, n in c.items() if k.startswith("completions_") and k != CHECKED)
-        return refused / c[CHECKED] if c[CHECKED] else None
+        return refused(c) / c[CHECKED] if c[CHECKED] else None
+
+    # The honest nodes' groups that rounds took (pooled, then neither still held, nor
+    # expired or evicted), each of L completions: what the refusals are a share of.
+    honest = counts["honest"]
+    gone = sum(n for k, n in honest.items() if k == "expired" or k.startswith("evicted"))
+    taken = honest["accepted"] - held["honest"] - gone
 
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs)
@@ -307,6 +317,10 @@ def summarise(out: Path) -> dict[str, Any]:
         "eval_greedy_end": mean([x["greedy"] for x in final]),
         "attacker_refusal_rate": refusal_rate(counts["attacker"]),
         "honest_refusal_rate": refusal_rate(counts["honest"]),
+        "honest_completions_taken": taken * run["completions_per_task"],
+        "honest_refused_of_taken": refused(honest) / (taken * run["completions_per_task"])
+        if taken
+        else None,
         "pool_counts": {k: dict(sorted(v.items())) for k, v in counts.items()},
     }
 

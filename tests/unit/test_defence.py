@@ -153,6 +153,25 @@ def test_text_outside_a_direct_answer_is_refused(trained) -> None:
     assert counts.by == {("peer", CHECKED): 2, ("peer", OUTSIDE_ANSWER): 1}
 
 
+def test_the_outside_bound_grows_to_what_this_node_itself_writes(trained) -> None:
+    """A node whose own right answers reason before answering lets peers do as much."""
+    policy, trainer, prompt = trained
+    counts = Counts()
+    d = Defence(DefenceSection(logprob_check=False), trainer.completion_logprobs, counts)
+    reasoning = "3 + 4 = 7, so 7 it is: " * 2  # 28 characters, spaces aside
+    own = [_group(policy, prompt, [reasoning + "<answer>7</answer>", "<answer>1</answer>"], [1, 0])]
+    as_much = _group(
+        policy, prompt, [reasoning + "<answer>7</answer>", "<answer>2</answer>"], [1, 0]
+    )
+    far_more = _group(
+        policy, prompt, [reasoning * 2 + "<answer>7</answer>", "<answer>2</answer>"], [1, 0]
+    )
+    kept, screened = d.screen(own, [as_much, far_more])
+    assert d.outside_bound() == 42  # 1.5 x 28, above the floor of 32
+    assert screened == {CHECKED: 2, OUTSIDE_ANSWER: 1}
+    assert [len(g.texts) for g in kept] == [2]  # far_more lost its right answer: dropped
+
+
 def test_no_reference_yet_means_unchecked_not_accepted(trained) -> None:
     policy, trainer, prompt = trained
     counts = Counts()
