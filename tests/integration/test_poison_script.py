@@ -84,3 +84,21 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
         timeout=60,
     )
     assert again.returncode == 0 and json.loads(again.stdout) == on
+    # What an operator sees: `sapo-node pool` lists the refusals per peer, by reason.
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sapo_node.cli",
+            "pool",
+            "--data-dir",
+            str(tmp_path / "on" / "node-0"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    attacker = json.loads(shown.stdout)["peers"]["attacker"]
+    assert attacker["completions_checked"] > 0 and attacker["completions_outside_answer"] > 0
