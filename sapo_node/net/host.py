@@ -768,7 +768,10 @@ class Network:
     async def _dial_known(self) -> None:
         store = self.host.get_peerstore()
         connected = set(self.host.get_connected_peers())
-        for peer in store.peers_with_addrs():
+        known = store.peers_with_addrs()
+        for peer in set(self.backoff) - set(known):  # addresses expired: nothing to redial
+            del self.backoff[peer]
+        for peer in known:
             if len(connected) >= self.s["max_peers"]:
                 return
             fresh = peer != self.me and peer not in connected and peer not in self.banned
