@@ -385,7 +385,7 @@ class DefenceSection(_Section):
         0.05, ge=0.0, le=1.0, description="Quantile of own completions' worst windows."
     )
     logprob_margin: float = Field(
-        3.0, ge=0.0, le=1000.0, description="Nats below that quantile a completion may go."
+        6.0, ge=0.0, le=1000.0, description="Nats below that quantile a completion may go."
     )
     reference_size: int = Field(
         512, ge=8, le=1_000_000, description="Own completions in the log-prob reference."
