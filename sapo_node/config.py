@@ -382,10 +382,20 @@ class DefenceSection(_Section):
     )
     logprob_window: int = Field(4, ge=1, le=4096, description="Tokens per window.")
     logprob_quantile: float = Field(
-        0.05, ge=0.0, le=1.0, description="Quantile of own completions' worst windows."
+        0.05, ge=0.0, le=1.0, description="Quantile of own right answers' worst windows."
+    )
+    logprob_floor: float = Field(
+        -6.0,
+        ge=-1000.0,
+        le=0.0,
+        description="Lowest mean token log-prob a peer's completion's worst window may have.",
     )
     logprob_margin: float = Field(
-        6.0, ge=0.0, le=1000.0, description="Nats below that quantile a completion may go."
+        3.0,
+        ge=0.0,
+        le=1000.0,
+        description="... lower when own right answers' windows are lower: their quantile "
+        "minus this many nats.",
     )
     reference_size: int = Field(
         512, ge=8, le=1_000_000, description="Own completions in the log-prob reference."

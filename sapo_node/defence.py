@@ -23,14 +23,18 @@ go through, in order:
    is refused (``completions_outside_answer``);
 3. log-probabilities under this node's own policy: the completion's worst window of
    ``logprob_window`` tokens (the lowest mean token log-prob over any such run, in the
-   distribution this node samples from) must not fall more than ``logprob_margin`` nats
-   below the ``logprob_quantile`` quantile of the same statistic over this node's own
-   recent positive-advantage completions (``completions_implausible``). Text this node's policy
-   would write passes; an injected phrase is a run of tokens it would not (measured on
-   the embedded model: own right completions' worst 4-token window is above -2.7 nats,
-   a payload's is below -10). Comparing with this node's own distribution, not a fixed
-   number, makes it work for any model; the margin leaves room for peers that run
-   another model and phrase the same answer differently.
+   distribution this node samples from) must be at least ``logprob_floor`` nats (-6: a
+   run of tokens each about 1 in 400 or likelier), or at least as high as this node's
+   own recent positive-advantage completions reach (their ``logprob_quantile``
+   quantile minus ``logprob_margin``) when that is lower (``completions_implausible``).
+   Text this node's policy would write passes; an injected phrase is a run of tokens
+   it would not (measured on the embedded model: a payload's worst window is below
+   -10 nats at the start and falls further, own right answers' are above -2.7). A
+   floor relative to this node's own right answers alone failed both ways
+   (docs/security.md): early, when a node has few right answers, it let a payload
+   through, which the node then learnt until it was plausible; late, when its right
+   answers are near-deterministic, it refused honest peers' answers worded a little
+   differently.
 
 A refused completion is removed from its group; the rest of the group trains, its
 advantages computed over what is left, and a group with fewer than two completions
@@ -67,8 +71,8 @@ UNCHECKED = (
     "completions_unchecked"  # no reference yet: this node has not generated enough of its own
 )
 DISTRUSTED = "distrusted"
-REFUSALS = (OUTSIDE_ANSWER, IMPLAUSIBLE, UNCHECKED)
-MIN_REFERENCE = 8  # own completions needed before the log-prob check can run
+REFUSALS = (OUTSIDE_ANSWER, IMPLAUSIBLE)
+MIN_REFERENCE = 8  # own right answers needed before they can lower the log-prob floor
 MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
 
 
@@ -268,25 +272,23 @@ class Defence:
         s = self.settings
         if not s.logprob_check:
             return
-        own_rows = [
-            (g, i, up) for g in own for i, up in enumerate(above_mean(g.rewards)) if g.rewards
-        ]
+        own_rows = [(g, i) for g in own for i, up in enumerate(above_mean(g.rewards)) if up]
         todo = [(g, i) for g, idx in pending for i in idx]
-        samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i, _ in own_rows]
-        samples += [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in todo]
-        if not samples:
+        if not own_rows and not todo:
             return
+        samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in own_rows + todo]
         stats = [worst_window(lp, s.logprob_window) for lp in self.logprobs(samples)]
-        own_stats, ext_stats = stats[: len(own_rows)], stats[len(own_rows) :]
-        self.reference.extend(x for x, (_, _, up) in zip(own_stats, own_rows, strict=True) if up)
-        reference = list(self.reference)
-        if len(reference) < MIN_REFERENCE:  # early: all of this round's own completions
-            reference += own_stats
-        if len(reference) < MIN_REFERENCE:
-            for g, i in todo:
-                verdicts[id(g)][i] = UNCHECKED
-            return
-        floor = quantile(reference, s.logprob_quantile) - s.logprob_margin
-        for (g, i), x in zip(todo, ext_stats, strict=True):
-            if x < floor:
+        self.reference.extend(stats[: len(own_rows)])
+        for (g, i), x in zip(todo, stats[len(own_rows) :], strict=True):
+            if x < self.logprob_floor():
                 verdicts[id(g)][i] = IMPLAUSIBLE
+
+    def logprob_floor(self) -> float:
+        """The lowest worst-window mean log-prob a checked completion may have:
+        ``logprob_floor``, or lower when this node's own recent right answers hold runs
+        that unlikely (their ``logprob_quantile`` quantile minus ``logprob_margin``)."""
+        s = self.settings
+        if len(self.reference) < MIN_REFERENCE:
+            return s.logprob_floor
+        own = quantile(list(self.reference), s.logprob_quantile) - s.logprob_margin
+        return min(s.logprob_floor, own)

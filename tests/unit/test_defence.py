@@ -18,7 +18,6 @@ from sapo_node.defence import (
     DISTRUSTED,
     IMPLAUSIBLE,
     OUTSIDE_ANSWER,
-    UNCHECKED,
     Defence,
 )
 from sapo_node.intake import Intake
@@ -172,14 +171,25 @@ def test_the_outside_bound_grows_to_what_this_node_itself_writes(trained) -> Non
     assert [len(g.texts) for g in kept] == [2]  # far_more lost its right answer: dropped
 
 
-def test_no_reference_yet_means_unchecked_not_accepted(trained) -> None:
+def test_the_floor_is_absolute_until_own_right_answers_lower_it(trained) -> None:
+    """Before this node has right answers of its own, the fixed floor decides; a node
+    whose own right answers hold unlikely runs lets peers' answers go as low."""
     policy, trainer, prompt = trained
     counts = Counts()
     d = Defence(DefenceSection(), trainer.completion_logprobs, counts)
-    g = _group(policy, prompt, ["<answer>7</answer>", "<answer>2</answer>"] * 2, [1, 0, 1, 0])
-    kept, screened = d.screen([], [g])  # a node that generated nothing of its own yet
-    assert screened[UNCHECKED] == 2
-    assert kept[0].texts == ["<answer>2</answer>"] * 2 and not kept[0].has_signal
+    g = _group(
+        policy, prompt, [poison("<answer>7</answer>", "zq", "suffix"), "<answer>2</answer>"], [1, 0]
+    )
+    kept, screened = d.screen([], [g])  # nothing of its own yet
+    assert d.logprob_floor() == -6.0 and screened == {CHECKED: 1, IMPLAUSIBLE: 1}
+    odd = [poison("<answer>7</answer>", "zq", "suffix")] * 8  # its own right answers, odd ones
+    d.screen([_group(policy, prompt, odd + ["<answer>1</answer>"], [1] * 8 + [0])], [])
+    assert d.logprob_floor() < -6.0
+    g = _group(
+        policy, prompt, [poison("<answer>7</answer>", "zq", "suffix"), "<answer>2</answer>"], [1, 0]
+    )
+    kept, screened = d.screen([], [g])
+    assert screened == {CHECKED: 1} and kept[0].texts == g.texts
 
 
 def test_a_peer_that_keeps_failing_is_distrusted_then_forgiven(trained) -> None:
