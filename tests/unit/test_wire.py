@@ -8,6 +8,7 @@ returns must encode again.
 
 from __future__ import annotations
 
+import copy
 import doctest
 import json
 import string
@@ -334,7 +335,10 @@ def spec_shaped(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.integers(0, 4)) == 0:
             where.pop(key, None)
         else:
-            where[key] = draw(st.one_of(EDGES, EDGES, SHALLOW))
+            # A copy: the strategies hand out shared constants, and a later step may
+            # mutate this value in place (as the task map): a constant that came to hold
+            # itself made the fuzzer's own packing fail (recursion limit).
+            where[key] = copy.deepcopy(draw(st.one_of(EDGES, EDGES, SHALLOW)))
     return message
 
 
