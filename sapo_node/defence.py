@@ -67,11 +67,7 @@ log = structlog.get_logger(__name__)
 CHECKED = "completions_checked"
 OUTSIDE_ANSWER = "completions_outside_answer"
 IMPLAUSIBLE = "completions_implausible"
-UNCHECKED = (
-    "completions_unchecked"  # no reference yet: this node has not generated enough of its own
-)
 DISTRUSTED = "distrusted"
-REFUSALS = (OUTSIDE_ANSWER, IMPLAUSIBLE)
 MIN_REFERENCE = 8  # own right answers needed before they can lower the log-prob floor
 MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
 
