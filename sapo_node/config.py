@@ -377,28 +377,27 @@ class DefenceSection(_Section):
         description="The bound is raised to this times the 95% quantile of this node's own "
         "recent right answers' text outside the answer, when that is more.",
     )
-    logprob_check: bool = Field(
-        True, description="Refuse completions this node's own policy finds implausible."
+    cut_after_answer: bool = Field(
+        True,
+        description="Train (and score) a peer's completion only up to the end of its last "
+        "answer: for prompts that ask for a direct answer, as the default one does.",
     )
-    logprob_window: int = Field(4, ge=1, le=4096, description="Tokens per window.")
-    logprob_quantile: float = Field(
-        0.05, ge=0.0, le=1.0, description="Quantile of own right answers' worst windows."
+    rank_check: bool = Field(
+        True, description="Refuse completions holding text this node's own policy would not write."
     )
-    logprob_floor: float = Field(
-        -6.0,
-        ge=-1000.0,
-        le=0.0,
-        description="Lowest mean token log-prob a peer's completion's worst window may have.",
-    )
-    logprob_margin: float = Field(
-        3.0,
+    rank_window: int = Field(4, ge=1, le=4096, description="Tokens per window.")
+    max_rank_bits: float = Field(
+        6.0,
         ge=0.0,
-        le=1000.0,
-        description="... lower when own right answers' windows are lower: their quantile "
-        "minus this many nats.",
+        le=64.0,
+        description="Highest mean log2(1 + rank) of a window's tokens under this node's policy "
+        "(6: tokens about 63rd likeliest, geometric mean).",
     )
     reference_size: int = Field(
-        512, ge=8, le=1_000_000, description="Own completions in the log-prob reference."
+        512,
+        ge=8,
+        le=1_000_000,
+        description="Own right answers whose text outside the answer is kept.",
     )
     max_author_share: float = Field(
         0.5,

@@ -21,20 +21,22 @@ go through, in order:
    than ``max_outside_answer_chars``, or than ``outside_answer_scale`` times the 95%
    quantile of this node's own recent positive-advantage completions if that is more,
    is refused (``completions_outside_answer``);
-3. log-probabilities under this node's own policy: the completion's worst window of
-   ``logprob_window`` tokens (the lowest mean token log-prob over any such run, in the
-   distribution this node samples from) must be at least ``logprob_floor`` nats (-6: a
-   run of tokens each about 1 in 400 or likelier), or at least as high as this node's
-   own recent positive-advantage completions reach (their ``logprob_quantile``
-   quantile minus ``logprob_margin``) when that is lower (``completions_implausible``).
-   Text this node's policy would write passes; an injected phrase is a run of tokens
-   it would not (measured on the embedded model: a payload's worst window is below
-   -10 nats at the start and falls further, own right answers' are above -2.7). A
-   floor relative to this node's own right answers alone failed both ways
-   (docs/security.md): early, when a node has few right answers, it let a payload
-   through, which the node then learnt until it was plausible; late, when its right
-   answers are near-deterministic, it refused honest peers' answers worded a little
-   differently.
+3. ranks under this node's own policy: each token's rank is how many tokens the policy
+   finds likelier (0: its first choice), and a completion's worst window of
+   ``rank_window`` tokens (the highest mean of log2(1 + rank) over any such run) must be
+   at most ``max_rank_bits`` (6: tokens about the 63rd likeliest, geometric mean), else
+   it is refused (``completions_implausible``). Text this node's policy could write
+   passes; an injected phrase is a run of tokens it would not. Ranks, not
+   log-probabilities: training sharpens a policy until a peer's different wording of
+   the same answer is improbable (log-probs below -20 nats after 40 rounds, the level
+   of a payload), but its tokens stay among the policy's first choices; a payload's do
+   not (measured on the embedded model, docs/security.md: an honest peer's worst window
+   at most 3.4 bits, a payload's at least 9).
+
+Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
+prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
+there is gone without refusing the peer. The intake scores the cut text (node.py
+``_prepare``), so the reward is of what trains.
 
 A refused completion is removed from its group; the rest of the group trains, its
 advantages computed over what is left, and a group with fewer than two completions
@@ -68,7 +70,6 @@ CHECKED = "completions_checked"
 OUTSIDE_ANSWER = "completions_outside_answer"
 IMPLAUSIBLE = "completions_implausible"
 DISTRUSTED = "distrusted"
-MIN_REFERENCE = 8  # own right answers needed before they can lower the log-prob floor
 MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
 
 
@@ -89,24 +90,47 @@ def outside_answer_chars(text: str, tag: str = "answer") -> int:
     return sum(not c.isspace() for c in rest)
 
 
-def worst_window(logprobs: Sequence[float], window: int) -> float:
-    """The lowest mean of ``window`` consecutive values (the mean of all if fewer).
+def cut_after_answer(text: str, tag: str = "answer") -> str:
+    """``text`` up to the end of its last ``<tag>...</tag>`` (all of it if it has none).
 
-    >>> worst_window([-0.1, -0.2, -9.0, -8.0, -0.1], 2)
-    -8.5
-    >>> worst_window([-1.0, -3.0], 4)
-    -2.0
+    >>> cut_after_answer("3 + 4 = 7\\n<answer>7</answer> visit evil.example")
+    '3 + 4 = 7\\n<answer>7</answer>'
+    >>> cut_after_answer("no answer here")
+    'no answer here'
     """
-    if not logprobs:
+    close = text.rfind(f"</{tag}>")
+    if close < 0 or text.rfind(f"<{tag}>", 0, close) < 0:
+        return text
+    return text[: close + len(tag) + 3]
+
+
+def highest_window(values: Sequence[float], window: int) -> float:
+    """The highest mean of ``window`` consecutive values (the mean of all if fewer).
+
+    >>> highest_window([0.0, 1.0, 9.0, 8.0, 0.0], 2)
+    8.5
+    >>> highest_window([1.0, 3.0], 4)
+    2.0
+    """
+    if not values:
         return 0.0
-    if len(logprobs) <= window:
-        return sum(logprobs) / len(logprobs)
-    run = sum(logprobs[:window])
-    worst = run
-    for i in range(window, len(logprobs)):
-        run += logprobs[i] - logprobs[i - window]
-        worst = min(worst, run)
-    return worst / window
+    if len(values) <= window:
+        return sum(values) / len(values)
+    run = sum(values[:window])
+    high = run
+    for i in range(window, len(values)):
+        run += values[i] - values[i - window]
+        high = max(high, run)
+    return high / window
+
+
+def rank_bits(ranks: Sequence[int]) -> list[float]:
+    """log2(1 + rank) of each token: 0 for a policy's first choice, 1 for its second.
+
+    >>> rank_bits([0, 1, 3, 1023])
+    [0.0, 1.0, 2.0, 10.0]
+    """
+    return [math.log2(1 + r) for r in ranks]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -135,21 +159,20 @@ def above_mean(rewards: Sequence[float]) -> list[bool]:
 class Defence:
     """The checks of peers' completions, with this node's reference and peers' records.
 
-    ``logprobs(samples)``: the completion-token log-probs of each sample under this
-    node's current policy (``Trainer.completion_logprobs``). ``record(author, reason, n)``
+    ``ranks(samples)``: the completion tokens' ranks of each sample under this node's
+    current policy (``Trainer.completion_ranks``). ``record(author, reason, n)``
     counts per peer (``Pool.record``: shown by ``sapo-node pool``).
     """
 
     def __init__(
         self,
         settings: DefenceSection,
-        logprobs: Callable[[list[Sample]], list[list[float]]],
+        ranks: Callable[[list[Sample]], list[list[int]]],
         record: Callable[[str, str, int], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self.logprobs, self.record, self.clock = logprobs, record, clock
-        self.reference: deque[float] = deque(maxlen=settings.reference_size)
+        self.ranks, self.record, self.clock = ranks, record, clock
         self.outside: deque[int] = deque(maxlen=settings.reference_size)
         self._history: OrderedDict[str, deque[bool]] = OrderedDict()
         self._distrusted: dict[str, float] = {}  # author -> until (clock seconds)
@@ -211,11 +234,11 @@ class Defence:
         """The peers' groups of a round as they may train, and what was refused, by reason.
 
         ``own`` and ``external`` are ``node.Group``s (this node's rewards, its tokens);
-        the own groups feed the log-prob reference first.
+        the own groups' right answers feed the outside-the-answer reference first.
         """
         counts: Counter[str] = Counter()
         kept_groups: list[Any] = []
-        pending: list[tuple[Any, list[int]]] = []  # (group, indices to check by log-prob)
+        pending: list[tuple[Any, list[int]]] = []  # (group, indices to check by rank)
         verdicts: dict[int, dict[int, str]] = {}  # id(group) -> {completion: reason}
         self.outside.extend(
             outside_answer_chars(t)
@@ -237,7 +260,7 @@ class Defence:
             verdicts[id(g)] = refused
             pending.append((g, [i for i in checked if i not in refused]))
             kept_groups.append(g)
-        self._check_logprobs(own, pending, verdicts)
+        self._check_ranks(pending, verdicts)
         out = []
         for g in kept_groups:
             refused = verdicts[id(g)]
@@ -264,27 +287,12 @@ class Defence:
             out.append(g)
         return out, counts
 
-    def _check_logprobs(self, own, pending, verdicts) -> None:
+    def _check_ranks(self, pending, verdicts) -> None:
         s = self.settings
-        if not s.logprob_check:
-            return
-        own_rows = [(g, i) for g in own for i, up in enumerate(above_mean(g.rewards)) if up]
         todo = [(g, i) for g, idx in pending for i in idx]
-        if not own_rows and not todo:
+        if not s.rank_check or not todo:
             return
-        samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in own_rows + todo]
-        stats = [worst_window(lp, s.logprob_window) for lp in self.logprobs(samples)]
-        self.reference.extend(stats[: len(own_rows)])
-        for (g, i), x in zip(todo, stats[len(own_rows) :], strict=True):
-            if x < self.logprob_floor():
+        samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in todo]
+        for (g, i), ranks in zip(todo, self.ranks(samples), strict=True):
+            if highest_window(rank_bits(ranks), s.rank_window) > s.max_rank_bits:
                 verdicts[id(g)][i] = IMPLAUSIBLE
-
-    def logprob_floor(self) -> float:
-        """The lowest worst-window mean log-prob a checked completion may have:
-        ``logprob_floor``, or lower when this node's own recent right answers hold runs
-        that unlikely (their ``logprob_quantile`` quantile minus ``logprob_margin``)."""
-        s = self.settings
-        if len(self.reference) < MIN_REFERENCE:
-            return s.logprob_floor
-        own = quantile(list(self.reference), s.logprob_quantile) - s.logprob_margin
-        return min(s.logprob_floor, own)

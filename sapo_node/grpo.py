@@ -140,6 +140,25 @@ def truncated_logits(
     return x.masked_fill(remove, float("-inf"))
 
 
+def token_ranks(logits: Tensor, targets: Tensor) -> Tensor:
+    """logits [B, T, V], targets [B, T] -> rank [B, T] (int64): how many tokens have a
+    higher logit than the target (0: the most likely). Temperature, top-k and top-p keep
+    this order. One row at a time, as in ``token_logprobs``.
+
+    >>> token_ranks(torch.tensor([[[0.1, 2.0, 1.0], [3.0, 2.0, 1.0]]]), torch.tensor([[2, 0]]))
+    tensor([[1, 0]])
+    """
+    if logits.ndim != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(
+            f"need logits [B, T, V] and targets [B, T], got {tuple(logits.shape)} "
+            f"and {tuple(targets.shape)}"
+        )
+    rows = [
+        (x > x.gather(-1, t.unsqueeze(-1))).sum(-1) for x, t in zip(logits, targets, strict=True)
+    ]
+    return torch.stack(rows) if rows else targets.new_zeros(targets.shape, dtype=torch.int64)
+
+
 def token_logprobs(
     logits: Tensor,
     targets: Tensor,

@@ -56,7 +56,7 @@ from sapo_node import __version__, grpo, wire
 from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
-from sapo_node.defence import Defence
+from sapo_node.defence import Defence, cut_after_answer
 from sapo_node.evaluate import EvalReport, evaluate
 from sapo_node.intake import Intake, Verdict
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
@@ -234,9 +234,7 @@ class Node:
         self.pool = Pool.from_config(self.data_dir / "pool.sqlite3", config.pool)
         self.defence: Defence | None = None
         if self.trainer is not None and config.defence.enabled:
-            self.defence = Defence(
-                config.defence, self.trainer.completion_logprobs, self.pool.record
-            )
+            self.defence = Defence(config.defence, self.trainer.completion_ranks, self.pool.record)
         self.intake = Intake(
             self.pool,
             self.scorer,
@@ -477,7 +475,13 @@ class Node:
         return Path(name).name if Path(name).is_dir() else name
 
     def _prepare(self, text: str, finished: bool):
-        """A peer's completion as this node trains it (the intake scores its text)."""
+        """A peer's completion as this node trains it (the intake scores its text): with
+        defences on, cut after its last answer (defence.py), then in this node's tokens."""
+        d = self.config.defence
+        if d.enabled and d.cut_after_answer:
+            cut = cut_after_answer(text)
+            finished = finished or cut != text
+            text = cut
         return self.policy.encode_completion(text, finished, self.config.generation.max_new_tokens)
 
     def _as_group(self, pooled: PooledGroup) -> Group:

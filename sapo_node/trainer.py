@@ -234,11 +234,27 @@ class Trainer:
         self, model: torch.nn.Module, mb: Packed | SharedPacked, *, entropy: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, C] of the completion tokens; with ``entropy``, also their entropy."""
+        parts = self._completion_logits(model, mb)
+        warp = {"top_k": self.top_k, "top_p": self.top_p}
+        logp = torch.cat(
+            [grpo.token_logprobs(x, t, self.temperature, **warp) for x, t in parts], dim=1
+        )
+        if not entropy:
+            return logp
+        ent = torch.cat(
+            [grpo.token_entropy(x.detach(), self.temperature, **warp) for x, _ in parts], dim=1
+        )
+        return logp, ent
+
+    def _completion_logits(
+        self, model: torch.nn.Module, mb: Packed | SharedPacked
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The logits [B, t, V] that predict the completion tokens, with those tokens
+        [B, t], in consecutive parts that together cover all C of them."""
         dev = self.policy.device
         c = mb.targets.shape[1]
         targets = mb.targets.to(dev)
-        warp = {"top_k": self.top_k, "top_p": self.top_p}
-        parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logits [B, t, V], targets)
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         with self.policy.autocast():
             if isinstance(mb, Packed):
                 logits = model(
@@ -272,15 +288,7 @@ class Trainer:
                     ).logits
                     parts.append((rest, targets[:, 1:]))
                 del out
-        logp = torch.cat(
-            [grpo.token_logprobs(x, t, self.temperature, **warp) for x, t in parts], dim=1
-        )
-        if not entropy:
-            return logp
-        ent = torch.cat(
-            [grpo.token_entropy(x.detach(), self.temperature, **warp) for x, _ in parts], dim=1
-        )
-        return logp, ent
+        return parts
 
     @torch.no_grad()
     def completion_logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
@@ -291,6 +299,22 @@ class Trainer:
             logp = self._logprobs(self.policy.model, mb)
             for row, i in enumerate(idx):
                 out[i] = logp[row, : len(samples[i].completion_ids)].float().tolist()
+        return out
+
+    @torch.no_grad()
+    def completion_ranks(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Each sample's completion tokens' ranks under the current policy: how many
+        vocabulary tokens it finds likelier than the one written (0: its first choice).
+        Temperature, top-k and top-p keep this order, so the rank needs no sampling
+        settings; trains nothing."""
+        out: list[list[int]] = [[] for _ in samples]
+        for idx, mb in self._micro_batches(samples):
+            ranks = torch.cat(
+                [grpo.token_ranks(x, t) for x, t in self._completion_logits(self.policy.model, mb)],
+                dim=1,
+            )
+            for row, i in enumerate(idx):
+                out[i] = ranks[row, : len(samples[i].completion_ids)].tolist()
         return out
 
     def step(

@@ -19,14 +19,15 @@ from tests.support.nodes import sevens_overrides
 SEVENS = "tests.support.families:Sevens"
 
 
-def _node(model_dir: Path, data_dir: Path, seed: int, local: int, external: int) -> Node:
+def _node(model_dir: Path, data_dir: Path, seed: int, local: int, external: int, **defence) -> Node:
     overrides = sevens_overrides(
         model_dir,
         data_dir,
         node={"seed": seed},
-        generation={"max_new_tokens": 6, "completions_per_task": 4},
+        generation={"max_new_tokens": 6 if not defence else 40, "completions_per_task": 4},
         train={"lr": 1e-3, "local_groups": local, "external_groups": external},
-        defence={"max_author_share": 1.0},  # one peer fills all J here (test_defence caps it)
+        # one peer fills all J here (test_defence caps it)
+        defence={"max_author_share": 1.0, **defence},
     )
     return Node(load_config(overrides=overrides, environ={}))
 
@@ -255,6 +256,27 @@ def test_a_peer_reward_is_earned_only_by_the_text_that_is_trained(receiver: Node
     group = receiver._as_group(verdict.item)
     assert group.texts[0] == "abcdef" and len(group.completion_ids[0]) == 6
     assert not group.finished[0]  # cut here: no end token
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_text_after_a_peers_last_answer_is_cut_before_it_is_scored(
+    tiny_model_dir: Path, tmp_path: Path, cut: bool
+) -> None:
+    """With the defences' cut, what follows a peer's last answer neither trains nor earns
+    a reward (here, sevens after it would raise the score), and the completion ends there."""
+    node = _node(tiny_model_dir, tmp_path, seed=2, local=2, external=2, cut_after_answer=cut)
+    try:
+        texts = ("7<answer>7</answer>777", "<answer>a</answer>", "no tags 7", "ab")
+        shared = dataclasses.replace(_shared(22, texts), unfinished=frozenset({0}))
+        verdict = node.receive(wire.encode(shared), "peer-a")
+        group = node._as_group(verdict.item)
+        first = "7<answer>7</answer>" if cut else texts[0]
+        assert group.texts == [first, *texts[1:]]
+        assert verdict.item.rewards[0] == pytest.approx(first.count("7") / len(first))
+        assert group.finished[0] == cut  # cut: it ends at its answer, with the end token
+        assert (group.completion_ids[0][-1] == node.policy.end_id) == cut
+    finally:
+        node.close()
 
 
 def test_only_finished_peer_completions_end_with_the_end_token(receiver: Node) -> None:

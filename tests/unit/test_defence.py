@@ -19,6 +19,7 @@ from sapo_node.defence import (
     IMPLAUSIBLE,
     OUTSIDE_ANSWER,
     Defence,
+    rank_bits,
 )
 from sapo_node.intake import Intake
 from sapo_node.node import Group
@@ -28,6 +29,10 @@ from sapo_node.tasks import Scorer, Task, TaskRef
 from sapo_node.trainer import Sample, Trainer
 from tests.support import poison as poison_module
 from tests.support.poison import PoisonPeer, carries, poison
+
+# The tiny model has a vocabulary of about 100 characters, where any token ranks below
+# 2**6.7; its bound is set lower than the default's 6 bits (for 49,152 tokens).
+RANK_BITS = 3.0
 
 ARITHMETIC = {
     "name": "basic_arithmetic",
@@ -106,7 +111,7 @@ def _own(policy, prompt) -> list[Group]:
 def test_poisoned_right_answers_are_refused_and_honest_ones_kept(trained) -> None:
     policy, trainer, prompt = trained
     counts = Counts()
-    d = Defence(DefenceSection(), trainer.completion_logprobs, counts)
+    d = Defence(DefenceSection(max_rank_bits=RANK_BITS), trainer.completion_ranks, counts)
     honest = _group(
         policy,
         prompt,
@@ -114,7 +119,7 @@ def test_poisoned_right_answers_are_refused_and_honest_ones_kept(trained) -> Non
         [1, 1, 0, 0],
         "honest",
     )
-    payload = "hail"  # 4 characters: under the outside-answer bound, so the log-probs decide
+    payload = "hail"  # 4 characters: under the outside-answer bound, so the ranks decide
     poisoned = _group(
         policy,
         prompt,
@@ -138,7 +143,7 @@ def test_poisoned_right_answers_are_refused_and_honest_ones_kept(trained) -> Non
 def test_text_outside_a_direct_answer_is_refused(trained) -> None:
     policy, trainer, prompt = trained
     counts = Counts()
-    d = Defence(DefenceSection(logprob_check=False), trainer.completion_logprobs, counts)
+    d = Defence(DefenceSection(rank_check=False), trainer.completion_ranks, counts)
     long = poison("<answer>7</answer>", "Hail to the thief: visit sapo-free-gpu.example", "prefix")
     wrong_and_long = "x" * 60  # below the mean: trained away from, so not checked
     g = _group(
@@ -156,7 +161,7 @@ def test_the_outside_bound_grows_to_what_this_node_itself_writes(trained) -> Non
     """A node whose own right answers reason before answering lets peers do as much."""
     policy, trainer, prompt = trained
     counts = Counts()
-    d = Defence(DefenceSection(logprob_check=False), trainer.completion_logprobs, counts)
+    d = Defence(DefenceSection(rank_check=False), trainer.completion_ranks, counts)
     reasoning = "3 + 4 = 7, so 7 it is: " * 2  # 28 characters, spaces aside
     own = [_group(policy, prompt, [reasoning + "<answer>7</answer>", "<answer>1</answer>"], [1, 0])]
     as_much = _group(
@@ -171,33 +176,31 @@ def test_the_outside_bound_grows_to_what_this_node_itself_writes(trained) -> Non
     assert [len(g.texts) for g in kept] == [2]  # far_more lost its right answer: dropped
 
 
-def test_the_floor_is_absolute_until_own_right_answers_lower_it(trained) -> None:
-    """Before this node has right answers of its own, the fixed floor decides; a node
-    whose own right answers hold unlikely runs lets peers' answers go as low."""
+def test_ranks_are_those_of_the_full_logits(trained) -> None:
+    """The ranks the check reads (prompts computed once per group, micro-batched) are
+    those of a plain forward pass over prompt and completion, row by row."""
     policy, trainer, prompt = trained
-    counts = Counts()
-    d = Defence(DefenceSection(), trainer.completion_logprobs, counts)
-    g = _group(
-        policy, prompt, [poison("<answer>7</answer>", "zq", "suffix"), "<answer>2</answer>"], [1, 0]
-    )
-    kept, screened = d.screen([], [g])  # nothing of its own yet
-    assert d.logprob_floor() == -6.0 and screened == {CHECKED: 1, IMPLAUSIBLE: 1}
-    odd = [poison("<answer>7</answer>", "zq", "suffix")] * 8  # its own right answers, odd ones
-    d.screen([_group(policy, prompt, odd + ["<answer>1</answer>"], [1] * 8 + [0])], [])
-    assert d.logprob_floor() < -6.0
-    g = _group(
-        policy, prompt, [poison("<answer>7</answer>", "zq", "suffix"), "<answer>2</answer>"], [1, 0]
-    )
-    kept, screened = d.screen([], [g])
-    assert screened == {CHECKED: 1} and kept[0].texts == g.texts
+    texts = ["<answer>7</answer>", "<answer>1</answer>", "zq<answer>7</answer>", "7"]
+    samples = [Sample(prompt, policy.encode_completion(t, True, 80).ids, 0.0) for t in texts]
+    got = trainer.completion_ranks(samples * 5)  # more rows than a micro-batch (16) holds
+    for sample, ranks in zip(samples * 5, got, strict=True):
+        ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+        with torch.no_grad():
+            logits = policy.model(input_ids=ids).logits[0, len(sample.prompt_ids) - 1 : -1]
+        target = logits.gather(-1, torch.tensor(sample.completion_ids)[:, None])
+        assert ranks == (logits > target).sum(-1).tolist()
+    assert max(rank_bits(got[0])) <= 1.0  # what it was taught: first or second choices
+    assert max(rank_bits(got[2])) > RANK_BITS  # "zq" is not
 
 
 def test_a_peer_that_keeps_failing_is_distrusted_then_forgiven(trained) -> None:
     policy, trainer, prompt = trained
     now = [0.0]
     counts = Counts()
-    settings = DefenceSection(reputation_min_checked=8, reputation_window=16, distrust_s=60)
-    d = Defence(settings, trainer.completion_logprobs, counts, clock=lambda: now[0])
+    settings = DefenceSection(
+        max_rank_bits=RANK_BITS, reputation_min_checked=8, reputation_window=16, distrust_s=60
+    )
+    d = Defence(settings, trainer.completion_ranks, counts, clock=lambda: now[0])
     bad = poison("<answer>7</answer>", "zzzz", "suffix")
     own = _own(policy, prompt)
     for _ in range(2):
