@@ -179,6 +179,9 @@ def uses_checkpointing(model: torch.nn.Module) -> bool:
     return any(vars(m).get("gradient_checkpointing") is True for m in model.modules())
 
 
+FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")  # where torch has fused Adam(W) kernels
+
+
 class Trainer:
     """Owns the optimiser; turns a training set into ``ppo_epochs`` optimiser steps."""
 
@@ -199,8 +202,15 @@ class Trainer:
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         params = policy.trainable_parameters()
         opt_cls = torch.optim.AdamW if settings.optimizer == "adamw" else torch.optim.Adam
+        # One fused kernel per parameter on CPU and CUDA: the same update as the default
+        # loop, 3x faster here and without its per-parameter temporaries (docs/benchmarks.md).
+        fused = True if policy.device.type in FUSED_OPTIMIZER_DEVICES else None
         self.optimizer = opt_cls(
-            params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+            params,
+            lr=settings.lr,
+            betas=settings.betas,
+            weight_decay=settings.weight_decay,
+            fused=fused,
         )
         self.params = params
         self.scaler = (

@@ -275,3 +275,26 @@ def test_float16_uses_a_grad_scaler(policy) -> None:
         assert torch.isfinite(t).all(), n
     if stats.steps:
         assert any(not torch.equal(before[n], t) for n, t in half.model.named_parameters())
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam"])
+def test_the_fused_optimizer_makes_the_default_update(policy, optimizer: str) -> None:
+    """On the CPU the trainer's Adam(W) is torch's fused kernel: the same parameters after
+    two steps as the default per-parameter loop, from the same gradients."""
+    settings = TrainSection(optimizer=optimizer, lr=1e-2, weight_decay=0.1)
+    trainer = Trainer(policy, settings, max_new_tokens=16)
+    assert trainer.optimizer.defaults["fused"] is True
+    twins = [p.detach().clone().requires_grad_(True) for p in trainer.params]
+    cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+    plain = cls(twins, lr=1e-2, betas=settings.betas, weight_decay=0.1, foreach=False)
+    plan = trainer._plan(_samples(), None, None)
+    for _ in range(2):  # the same gradients into both: clip, then each optimiser's step
+        trainer._accumulate(plan, lambda: False)
+        for p, q in zip(trainer.params, twins, strict=True):
+            q.grad = p.grad.clone()
+        trainer._apply_gradients()
+        torch.nn.utils.clip_grad_norm_(twins, settings.grad_clip)
+        plain.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+    for p, q in zip(trainer.params, twins, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
