@@ -364,7 +364,7 @@ class DefenceSection(_Section):
 
     enabled: bool = Field(True, description="Run the checks below (false: none of them).")
     max_outside_answer_chars: int = Field(
-        32,
+        64,
         ge=0,
         le=1_000_000,
         description="Most characters (spaces aside) outside the answer tags; for prompts "

@@ -25,13 +25,16 @@ go through, in order:
    finds likelier (0: its first choice), and a completion's worst window of
    ``rank_window`` tokens (the highest mean of log2(1 + rank) over any such run) must be
    at most ``max_rank_bits`` (6: tokens about the 63rd likeliest, geometric mean), else
-   it is refused (``completions_implausible``). Text this node's policy could write
-   passes; an injected phrase is a run of tokens it would not. Ranks, not
-   log-probabilities: training sharpens a policy until a peer's different wording of
-   the same answer is improbable (log-probs below -20 nats after 40 rounds, the level
-   of a payload), but its tokens stay among the policy's first choices; a payload's do
-   not (measured on the embedded model, docs/security.md: an honest peer's worst window
-   at most 3.4 bits, a payload's at least 9).
+   it is refused (``completions_implausible``). The tokens of the answer's tags and a
+   final end-of-turn token are left out: the prompt asks for them, and a node that has
+   drifted from the format (the embedded model at lr 5e-5 can stop writing the tags
+   for a while) would otherwise refuse the very completions that could bring it back.
+   Text this node's policy could write passes; an injected phrase is a run of tokens it
+   would not. Ranks, not log-probabilities: training sharpens a policy until a peer's
+   different wording of the same answer is improbable (log-probs below -20 nats after 40
+   rounds, the level of a payload), but its tokens stay among the policy's first
+   choices; a payload's do not (measured on the embedded model, docs/security.md: an
+   honest peer's worst window at most 3.4 bits, a payload's at least 9).
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
@@ -124,6 +127,26 @@ def highest_window(values: Sequence[float], window: int) -> float:
     return high / window
 
 
+def format_tokens(
+    text: str, spans: Sequence[tuple[int, int]], n_ids: int, tag: str = "answer"
+) -> set[int]:
+    """Which of a completion's ``n_ids`` tokens the prompt itself asks for: those that
+    overlap the tags of its last answer (``spans``: each token's characters in ``text``),
+    and an end-of-turn token after the last span.
+
+    >>> text = "7<answer>7</answer>"
+    >>> sorted(format_tokens(text, [(i, i + 1) for i in range(len(text))], len(text) + 1))
+    [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    """
+    found = set(range(len(spans), n_ids))
+    close = text.rfind(f"</{tag}>")
+    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
+    if start >= 0:
+        tags = ((start, start + len(tag) + 2), (close, close + len(tag) + 3))
+        found |= {k for k, (a, b) in enumerate(spans) if any(a < end and b > s for s, end in tags)}
+    return found
+
+
 def rank_bits(ranks: Sequence[int]) -> list[float]:
     """log2(1 + rank) of each token: 0 for a policy's first choice, 1 for its second.
 
@@ -160,8 +183,10 @@ class Defence:
     """The checks of peers' completions, with this node's reference and peers' records.
 
     ``ranks(samples)``: the completion tokens' ranks of each sample under this node's
-    current policy (``Trainer.completion_ranks``). ``record(author, reason, n)``
-    counts per peer (``Pool.record``: shown by ``sapo-node pool``).
+    current policy (``Trainer.completion_ranks``). ``spans(ids)``: their text and each
+    token's characters in it (``Policy.token_spans``), to leave out the tokens of the
+    answer's tags, which the prompt asks for (None: every token is judged).
+    ``record(author, reason, n)`` counts per peer (``Pool.record``: shown by ``sapo-node pool``).
     """
 
     def __init__(
@@ -170,9 +195,10 @@ class Defence:
         ranks: Callable[[list[Sample]], list[list[int]]],
         record: Callable[[str, str, int], None],
         clock: Callable[[], float] = time.monotonic,
+        spans: Callable[[Sequence[int]], tuple[str, list[tuple[int, int]]] | None] | None = None,
     ) -> None:
         self.settings = settings
-        self.ranks, self.record, self.clock = ranks, record, clock
+        self.ranks, self.record, self.clock, self.spans = ranks, record, clock, spans
         self.outside: deque[int] = deque(maxlen=settings.reference_size)
         self._history: OrderedDict[str, deque[bool]] = OrderedDict()
         self._distrusted: dict[str, float] = {}  # author -> until (clock seconds)
@@ -294,5 +320,11 @@ class Defence:
             return
         samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in todo]
         for (g, i), ranks in zip(todo, self.ranks(samples), strict=True):
-            if highest_window(rank_bits(ranks), s.rank_window) > s.max_rank_bits:
+            skip = self._format_tokens(g.completion_ids[i])
+            bits = [b for k, b in enumerate(rank_bits(ranks)) if k not in skip]
+            if highest_window(bits, s.rank_window) > s.max_rank_bits:
                 verdicts[id(g)][i] = IMPLAUSIBLE
+
+    def _format_tokens(self, ids: Sequence[int]) -> set[int]:
+        found = self.spans(ids) if self.spans is not None else None
+        return format_tokens(found[0], found[1], len(ids)) if found else set()

@@ -234,7 +234,12 @@ class Node:
         self.pool = Pool.from_config(self.data_dir / "pool.sqlite3", config.pool)
         self.defence: Defence | None = None
         if self.trainer is not None and config.defence.enabled:
-            self.defence = Defence(config.defence, self.trainer.completion_ranks, self.pool.record)
+            self.defence = Defence(
+                config.defence,
+                self.trainer.completion_ranks,
+                self.pool.record,
+                spans=self.policy.token_spans,
+            )
         self.intake = Intake(
             self.pool,
             self.scorer,

@@ -265,6 +265,26 @@ class Policy:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def token_spans(self, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]] | None:
+        """The text of ``ids`` and the character span of each of its tokens, where that
+        text re-tokenises to ``ids`` (as ``encode_completion`` made them; a trailing
+        end-of-turn token has no span). None where it does not, or where the tokenizer
+        gives no offsets."""
+        text = self.decode(ids)
+        try:
+            enc = self.tokenizer(
+                text,
+                add_special_tokens=False,
+                split_special_tokens=True,
+                return_offsets_mapping=True,
+            )
+        except (NotImplementedError, ValueError):  # a slow tokenizer: no offsets
+            return None
+        got = list(enc["input_ids"])
+        if got != list(ids[: len(got)]) or any(i != self.end_id for i in ids[len(got) :]):
+            return None
+        return text, [tuple(span) for span in enc["offset_mapping"]]
+
     @torch.inference_mode()
     def generate(
         self,

@@ -19,6 +19,7 @@ from sapo_node.defence import (
     IMPLAUSIBLE,
     OUTSIDE_ANSWER,
     Defence,
+    highest_window,
     rank_bits,
 )
 from sapo_node.intake import Intake
@@ -74,7 +75,7 @@ def trained(tmp_path_factory):
 
 
 def _group(policy, prompt, texts, rewards, origin="peer") -> Group:
-    done = [policy.encode_completion(t, True, 80) for t in texts]
+    done = [policy.encode_completion(t, True, 240) for t in texts]
     task = Task(TaskRef("basic_arithmetic", "{}", 0, 0), "Say 7.", "7")
     return Group(
         task,
@@ -111,7 +112,12 @@ def _own(policy, prompt) -> list[Group]:
 def test_poisoned_right_answers_are_refused_and_honest_ones_kept(trained) -> None:
     policy, trainer, prompt = trained
     counts = Counts()
-    d = Defence(DefenceSection(max_rank_bits=RANK_BITS), trainer.completion_ranks, counts)
+    d = Defence(
+        DefenceSection(max_rank_bits=RANK_BITS),
+        trainer.completion_ranks,
+        counts,
+        spans=policy.token_spans,
+    )
     honest = _group(
         policy,
         prompt,
@@ -144,7 +150,8 @@ def test_text_outside_a_direct_answer_is_refused(trained) -> None:
     policy, trainer, prompt = trained
     counts = Counts()
     d = Defence(DefenceSection(rank_check=False), trainer.completion_ranks, counts)
-    long = poison("<answer>7</answer>", "Hail to the thief: visit sapo-free-gpu.example", "prefix")
+    payload = "Hail to the thief: visit sapo-free-gpu.example, " * 2  # 80 characters
+    long = poison("<answer>7</answer>", payload, "prefix")
     wrong_and_long = "x" * 60  # below the mean: trained away from, so not checked
     g = _group(
         policy,
@@ -162,7 +169,7 @@ def test_the_outside_bound_grows_to_what_this_node_itself_writes(trained) -> Non
     policy, trainer, prompt = trained
     counts = Counts()
     d = Defence(DefenceSection(rank_check=False), trainer.completion_ranks, counts)
-    reasoning = "3 + 4 = 7, so 7 it is: " * 2  # 28 characters, spaces aside
+    reasoning = "3 + 4 = 7, so 7 it is: " * 4  # 56 characters, spaces aside
     own = [_group(policy, prompt, [reasoning + "<answer>7</answer>", "<answer>1</answer>"], [1, 0])]
     as_much = _group(
         policy, prompt, [reasoning + "<answer>7</answer>", "<answer>2</answer>"], [1, 0]
@@ -171,9 +178,35 @@ def test_the_outside_bound_grows_to_what_this_node_itself_writes(trained) -> Non
         policy, prompt, [reasoning * 2 + "<answer>7</answer>", "<answer>2</answer>"], [1, 0]
     )
     kept, screened = d.screen(own, [as_much, far_more])
-    assert d.outside_bound() == 42  # 1.5 x 28, above the floor of 32
+    assert d.outside_bound() == 84  # 1.5 x 56, above the floor of 64
     assert screened == {CHECKED: 2, OUTSIDE_ANSWER: 1}
     assert [len(g.texts) for g in kept] == [2]  # far_more lost its right answer: dropped
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_the_answer_tags_and_the_end_token_are_not_judged(tmp_path, kind: str) -> None:
+    """The tokens left out of the rank check, on real tokenizers (one character per token,
+    and byte-level BPE): those of the last answer's tags and the end token; what is
+    judged is the rest of the text, the answer itself included."""
+    from tests.support.tiny import build_bpe_model, build_tiny_model
+
+    build = build_tiny_model if kind == "char" else build_bpe_model
+    path = build(tmp_path / kind)
+    policy = load_policy(
+        str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+    )
+    text = "<answer>1</answer> so 3 + 4 = 7\n<answer>7</answer>"
+    ids = policy.encode_completion(text, True, 200).ids
+    d = Defence(DefenceSection(), lambda samples: [], Counts(), spans=policy.token_spans)
+    skip = d._format_tokens(ids)
+    assert len(ids) - 1 in skip  # the end token
+    judged = policy.decode([t for k, t in enumerate(ids) if k not in skip])
+    if kind == "char":
+        assert judged == "<answer>1</answer> so 3 + 4 = 7\n7"
+    else:  # a token across a tag's edge is left out whole
+        assert judged.startswith("<answer>1</answer> so 3 + 4 =") and judged.endswith("7")
+        assert judged.count("answer") == 2
+    assert policy.token_spans([policy.end_id, *ids]) is None  # not what its text gives back
 
 
 def test_ranks_are_those_of_the_full_logits(trained) -> None:
@@ -189,8 +222,8 @@ def test_ranks_are_those_of_the_full_logits(trained) -> None:
             logits = policy.model(input_ids=ids).logits[0, len(sample.prompt_ids) - 1 : -1]
         target = logits.gather(-1, torch.tensor(sample.completion_ids)[:, None])
         assert ranks == (logits > target).sum(-1).tolist()
-    assert max(rank_bits(got[0])) <= 1.0  # what it was taught: first or second choices
-    assert max(rank_bits(got[2])) > RANK_BITS  # "zq" is not
+    assert highest_window(rank_bits(got[0]), 4) <= 1.0  # what it was taught: first choices
+    assert highest_window(rank_bits(got[2]), 4) > RANK_BITS  # "zq" is not
 
 
 def test_a_peer_that_keeps_failing_is_distrusted_then_forgiven(trained) -> None:
