@@ -13,7 +13,7 @@ With ``--rounds 100 --only current`` it is the memory series of issue 10: the no
 high-water RSS after each round, which must stay flat (within 5%) from round 5 on.
 
 Usage: python scripts/bench_release.py [--baseline COMMIT] [--rounds 4] [--pairs 1]
-           [--lora] [--model PATH] [--only baseline|current] [--data-dir DIR]
+           [--lora] [--model PATH] [--threads N] [--only baseline|current] [--data-dir DIR]
            [--json OUT]
 """
 
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora", action="store_true", help="Train LoRA adapters (--lora).")
     parser.add_argument("--model", help="Model name or path (default: the embedded model).")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--threads", type=int, help="torch threads of each node (default: its own)."
+    )
     parser.add_argument("--only", choices=["baseline", "current"])
     parser.add_argument(
         "--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "sapo-bench-release"
@@ -115,6 +118,8 @@ def run_node(tree: Path, data: Path, args: argparse.Namespace) -> list[dict]:
         env["SAPO_STATUS__ENABLED"] = "false"
     if args.model:
         env["SAPO_MODEL__NAME"] = json.dumps(args.model)
+    if args.threads:
+        env["SAPO_NODE__THREADS"] = str(args.threads)
     code = (
         "import sys, sapo_node; print('sources:', sapo_node.__file__, file=sys.stderr, flush=True)"
         "\nfrom sapo_node.cli import main; main()"
