@@ -13,9 +13,10 @@ Prints, for the same batch on the same machine, in one process, interleaved:
   2. a few real rounds of a Node: the share of wall time per round spent
      outside generate/score/train, and the peak RSS.
   3. training: seconds per training step (forward, backward, clip, AdamW step) of the
-     node's path (each prompt once per micro-batch, its KV cache shared by its completions)
-     vs the previous unshared step (each row carrying its prompt, tests/support/unshared.py)
-     on the same samples, interleaved, and the max abs difference of their gradients.
+     node's path (each prompt once per micro-batch, its KV cache shared by its completions;
+     the fused AdamW kernel) vs the previous step (each row carrying its prompt,
+     tests/support/unshared.py; torch's default AdamW loop) on the same samples,
+     interleaved, and the max abs difference of their gradients.
      ``--rss-step new|old`` instead runs one training step alone and prints the peak RSS
      (run it in a fresh process per path).
 
@@ -351,6 +352,13 @@ def _training_setup(args: argparse.Namespace):
     return cfg, policy, samples
 
 
+def previous_optimizer(params, settings) -> torch.optim.Optimizer:
+    """The optimiser of the step before issue 10: torch's default Adam(W), a loop over the
+    parameters on the CPU (the trainer's is the fused kernel)."""
+    cls = torch.optim.AdamW if settings.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
+
+
 def measure_training(args: argparse.Namespace) -> None:
     _repo_on_path()
     from sapo_node.trainer import Trainer
@@ -386,12 +394,14 @@ def measure_training(args: argparse.Namespace) -> None:
     del shared
     print(f"  max abs gradient difference new vs old: {diff:.2e} (largest gradient {scale:.2e})")
 
+    old_optimizer = previous_optimizer(params, s)
+
     def old_step() -> float:
         start = time.perf_counter()
         unshared_backward(policy, samples, s, new)
         torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
+        old_optimizer.step()
+        old_optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
     def new_step() -> float:
@@ -426,7 +436,7 @@ def measure_training_rss(args: argparse.Namespace) -> None:
     else:
         unshared_backward(policy, samples, cfg.train, cfg.generation.max_new_tokens)
         torch.nn.utils.clip_grad_norm_(trainer.params, cfg.train.grad_clip)
-        trainer.optimizer.step()
+        previous_optimizer(trainer.params, cfg.train).step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{args.rss_step}: peak RSS {peak:.0f} MiB (after loading: {before:.0f} MiB)")
 
