@@ -106,8 +106,13 @@ class CheckpointStore:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir()
-            save_file(weights, str(tmp / WEIGHTS), metadata={"format": str(FORMAT)})
-            torch.save(optimizer, tmp / OPTIMIZER)
+            try:
+                save_file(weights, str(tmp / WEIGHTS), metadata={"format": str(FORMAT)})
+                torch.save(optimizer, tmp / OPTIMIZER)
+            except (RuntimeError, SafetensorError) as exc:
+                # A write that failed (a full disk) comes back from torch and safetensors
+                # as their own errors, not OSError: the caller's handling is for OSError.
+                raise OSError(f"cannot write the checkpoint in {self.root}: {exc}") from exc
             (tmp / STATE).write_text(
                 json.dumps({"format": FORMAT, **state}, indent=1), encoding="utf-8"
             )

@@ -84,3 +84,37 @@ def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeyp
     ckpt = store.load(store.latest(), FP)
     assert ckpt.state["round"] == 5
     assert not list(store.root.glob(".round-*"))  # no temporary left behind
+
+
+def test_a_write_that_fails_is_an_os_error_and_keeps_the_previous(tmp_path: Path) -> None:
+    """Out of space mid-checkpoint, torch reports a RuntimeError; the store makes it the
+    OSError its callers handle (the node logs it and goes on), and the previous
+    checkpoint stays LATEST. The failure is real: a file-size limit (RLIMIT_FSIZE) in a
+    child process, where writes past 1 MiB fail as on a full disk."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import resource, signal, torch
+        from pathlib import Path
+        from sapo_node.checkpoint import CheckpointStore
+        store = CheckpointStore(Path({str(tmp_path)!r}))
+        small = {{"state": {{}}, "param_groups": []}}
+        store.save(1, {{"w": torch.zeros(4)}}, small, {{"round": 1}})
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+        big = {{"state": {{0: {{"exp_avg": torch.zeros(2**20)}}}}, "param_groups": []}}
+        try:
+            store.save(2, {{"w": torch.zeros(4)}}, big, {{"round": 2}})
+        except OSError as exc:
+            print("OSError", exc)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("OSError cannot write the checkpoint")
+    store = CheckpointStore(tmp_path)
+    assert store.latest().name == "round-000001"
+    assert sorted(p.name for p in store.root.iterdir()) == ["LATEST", "round-000001"]
