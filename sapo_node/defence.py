@@ -76,6 +76,18 @@ DISTRUSTED = "distrusted"
 MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
 
 
+def last_answer(text: str, tag: str = "answer") -> tuple[int, int] | None:
+    """Where the last ``<tag>...</tag>`` of ``text`` opens and where its closing tag starts
+    (None if it has none), as ``tasks.extract_answer`` finds it.
+
+    >>> last_answer("so <answer>7</answer>")
+    (3, 12)
+    """
+    close = text.rfind(f"</{tag}>")
+    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
+    return (start, close) if start >= 0 else None
+
+
 def outside_answer_chars(text: str, tag: str = "answer") -> int:
     """Characters of ``text`` outside its last ``<tag>...</tag>``, whitespace aside (all of
     them if it has none).
@@ -87,9 +99,8 @@ def outside_answer_chars(text: str, tag: str = "answer") -> int:
     >>> outside_answer_chars("<answer>7</answer> visit evil.example")
     17
     """
-    close = text.rfind(f"</{tag}>")
-    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
-    rest = text if start < 0 else text[:start] + text[close + len(tag) + 3 :]
+    found = last_answer(text, tag)
+    rest = text if found is None else text[: found[0]] + text[found[1] + len(tag) + 3 :]
     return sum(not c.isspace() for c in rest)
 
 
@@ -101,10 +112,8 @@ def cut_after_answer(text: str, tag: str = "answer") -> str:
     >>> cut_after_answer("no answer here")
     'no answer here'
     """
-    close = text.rfind(f"</{tag}>")
-    if close < 0 or text.rfind(f"<{tag}>", 0, close) < 0:
-        return text
-    return text[: close + len(tag) + 3]
+    found = last_answer(text, tag)
+    return text if found is None else text[: found[1] + len(tag) + 3]
 
 
 def highest_window(values: Sequence[float], window: int) -> float:
@@ -139,9 +148,9 @@ def format_tokens(
     [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
     """
     found = set(range(len(spans), n_ids))
-    close = text.rfind(f"</{tag}>")
-    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
-    if start >= 0:
+    answer = last_answer(text, tag)
+    if answer is not None:
+        start, close = answer
         tags = ((start, start + len(tag) + 2), (close, close + len(tag) + 3))
         found |= {k for k, (a, b) in enumerate(spans) if any(a < end and b > s for s, end in tags)}
     return found
