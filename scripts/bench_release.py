@@ -94,11 +94,12 @@ def export(commit: str, dest: Path) -> Path:
     """The tree of ``commit`` in ``dest`` (``git archive``: no worktree to clean up)."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", commit],
-        check=True,
-        capture_output=True,
-    ).stdout
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", commit], capture_output=True
+    )
+    if done.returncode != 0:
+        sys.exit(f"cannot export {commit!r}: {done.stderr.decode(errors='replace').strip()}")
+    archive = done.stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 
