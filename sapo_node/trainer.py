@@ -2,20 +2,20 @@
 
 Each prompt is computed once per micro-batch, not once per completion. A micro-batch is a
 run of at most ``micro_batch_size`` completions, taken group by group (a group = the
-completions of one prompt); its distinct prompts run forward first (left-padded, with
-gradient, ``use_cache=True``), their keys and values are expanded over the completion rows
-(``DynamicCache.batch_select_indices``, an indexing op that autograd sums back), and the
-completions (right-padded) run forward on that cache, with positions continuing each
-prompt and an attention mask that hides prompt padding. The first completion token's
-log-prob comes from the prompt's last position. Backward runs through both passes, so the
-loss and every gradient equal those of the unshared computation (each row carrying its
-prompt) up to float rounding: ``tests/unit/test_trainer.py`` checks it. With L = 8
-completions of ~30 tokens after a ~104-token prompt, this removes ~70% of training tokens.
-A group split over two micro-batches runs its prompt in each of them.
-
-Under gradient checkpointing Hugging Face drops the cache inside checkpointed layers, so
-prompts cannot be shared: each row then carries its prompt (``pack``, prompts left-padded,
-completions right-padded, logits only for the last ``C + 1`` positions).
+completions of one prompt), and packed one row per prompt (``pack``): the prompt, then
+each completion's tokens but its last, one after another. A block attention mask lets a
+token see the earlier tokens of its prompt and of its own completion only, and positions
+restart after the prompt for every completion, so each completion is computed exactly as
+if it followed its prompt alone. The logit at the prompt's last position predicts every
+completion's first token. One forward and one backward run over prompts and completions
+together: the loss and every gradient equal those of the unshared computation (each
+completion with its own copy of the prompt) up to float rounding, with micro-batching,
+LoRA and gradient checkpointing (``tests/unit/test_prompt_sharing.py``). With L = 8
+completions of ~30 tokens after a ~104-token prompt, this removes ~70% of training
+tokens, and the completions of a row are not padded to the longest. A group split over
+two micro-batches runs its prompt in each of them. Models whose attention is not full
+attention in every layer with the "sdpa" or "eager" implementation (a sliding window, a
+flash kernel without custom masks) get one completion a row and their own causal mask.
 
 Old-policy log-probs are real: with ``ppo_epochs > 1`` the first epoch's log-probs
 (detached) are the old policy's, since no step has been taken yet, and are kept for the
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import structlog
 import torch
 
-from sapo_node import grpo
+from sapo_node import decode, grpo
 from sapo_node.config import TrainSection
 from sapo_node.policy import Policy
 
@@ -57,84 +57,95 @@ class Sample:
 
 @dataclass
 class Packed:
-    """A padded micro-batch, each row with its prompt (see the module docstring)."""
+    """A micro-batch: one row per prompt, its completions after it (module docstring).
 
-    input_ids: torch.Tensor  # [B, P + C]
-    attention_mask: torch.Tensor  # [B, P + C]
-    position_ids: torch.Tensor  # [B, P + C]
-    targets: torch.Tensor  # [B, C] completion tokens
-    mask: torch.Tensor  # [B, C] 1 on real completion tokens
-    advantages: torch.Tensor  # [B]
+    Row r is its prompt, left-padded to ``P`` columns, then the input tokens of each of
+    its completions (all but the last), one after another, right-padded to ``T`` columns.
+    The logit at column ``P - 1`` predicts every completion's first token; the logit at a
+    completion's input token predicts the token after it.
+    """
 
-
-@dataclass
-class SharedPacked:
-    """A micro-batch whose rows share their prompts' forward (see the module docstring)."""
-
-    prompt_ids: torch.Tensor  # [G, P] distinct prompts, left-padded
-    prompt_mask: torch.Tensor  # [G, P]
-    prompt_positions: torch.Tensor  # [G, P]
-    row_prompt: torch.Tensor  # [B] index of each row's prompt in [0, G)
-    attention_mask: torch.Tensor  # [B, P + C] the row's prompt mask, then its completion's
-    positions: torch.Tensor  # [B, C] positions of the completion tokens
+    input_ids: torch.Tensor  # [R, P + T]
+    attention_mask: torch.Tensor  # [R, P + T] (one completion a row) or [R, 1, P + T, P + T]
+    position_ids: torch.Tensor  # [R, P + T]
+    row: torch.Tensor  # [B] each sample's row
+    index: torch.Tensor  # [B, C - 1] where in the flattened [R, T] its tokens 2..C are predicted
+    next_ids: torch.Tensor  # [R, T] the token each completion input token predicts
     targets: torch.Tensor  # [B, C] completion tokens, right-padded
     mask: torch.Tensor  # [B, C] 1 on real completion tokens
     advantages: torch.Tensor  # [B]
 
 
-def pack(samples: Sequence[Sample], pad_id: int) -> Packed:
-    """Pad a list of samples into tensors: prompts on the left, completions on the right."""
-    p_width = max(len(s.prompt_ids) for s in samples)
-    c_width = max(len(s.completion_ids) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, p_width + c_width), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, p_width + c_width), dtype=torch.long)
-    mask = torch.zeros((b, c_width), dtype=torch.float32)
+def block_mask(segments: torch.Tensor, attention: str) -> torch.Tensor:
+    """segments [R, W] (-1 padding, 0 prompt, k > 0 the k-th completion) -> [R, 1, W, W]:
+    a token sees the earlier tokens of its prompt and of its own completion. ``attention``
+    is the model's implementation: a boolean mask for "sdpa" (True: attend), an additive
+    one (0 or the float32 minimum) for "eager". A padding token sees itself only, so no
+    softmax row is empty."""
+    w = segments.shape[1]
+    q, k = segments[:, :, None], segments[:, None, :]
+    causal = torch.ones(w, w, dtype=torch.bool).tril()
+    seen = causal & (k >= 0) & ((k == 0) | (k == q)) & (q >= 0)
+    seen |= torch.eye(w, dtype=torch.bool)
+    seen = seen[:, None]
+    if attention == "sdpa":
+        return seen
+    return torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)
+
+
+def pack(samples: Sequence[Sample], pad_id: int, *, attention: str | None = "sdpa") -> Packed:
+    """Pad samples into one row per distinct prompt (see ``Packed``). ``attention``: the
+    model's attention implementation ("sdpa" or "eager"); None, or any other, puts one
+    completion in each row (no block mask needed: the model's own causal mask applies)."""
+    shared = attention in ("sdpa", "eager")
+    rows: list[tuple[list[int], list[int]]] = []  # (prompt, sample indices)
+    where: dict[tuple[int, ...], int] = {}
     for i, s in enumerate(samples):
-        p, c = len(s.prompt_ids), len(s.completion_ids)
-        ids[i, p_width - p : p_width] = torch.tensor(s.prompt_ids)
-        ids[i, p_width : p_width + c] = torch.tensor(s.completion_ids)
-        attn[i, p_width - p : p_width + c] = 1
-        mask[i, :c] = 1.0
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    return Packed(
-        input_ids=ids,
-        attention_mask=attn,
-        position_ids=positions,
-        targets=ids[:, p_width:],
-        mask=mask,
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-    )
-
-
-def pack_shared(samples: Sequence[Sample], pad_id: int) -> SharedPacked:
-    """Pad samples with their distinct prompts apart: prompts left, completions right."""
-    index: dict[tuple[int, ...], int] = {}
-    for s in samples:
-        index.setdefault(tuple(s.prompt_ids), len(index))
-    prompts = list(index)
-    p_width = max(len(p) for p in prompts)
+        key = tuple(s.prompt_ids)
+        if shared and key in where:
+            rows[where[key]][1].append(i)
+        else:
+            where[key] = len(rows)
+            rows.append((s.prompt_ids, [i]))
+    p_width = max(len(p) for p, _ in rows)
+    spans = [sum(len(samples[i].completion_ids) - 1 for i in idx) for _, idx in rows]
+    t_width = max(spans)
     c_width = max(len(s.completion_ids) for s in samples)
-    g, b = len(prompts), len(samples)
-    p_ids = torch.full((g, p_width), pad_id, dtype=torch.long)
-    p_mask = torch.zeros((g, p_width), dtype=torch.long)
-    for j, p in enumerate(prompts):
-        p_ids[j, p_width - len(p) :] = torch.tensor(p)
-        p_mask[j, p_width - len(p) :] = 1
-    row_prompt = torch.tensor([index[tuple(s.prompt_ids)] for s in samples], dtype=torch.long)
+    r, b, w = len(rows), len(samples), p_width + t_width
+    ids = torch.full((r, w), pad_id, dtype=torch.long)
+    seg = torch.full((r, w), -1, dtype=torch.long)
+    pos = torch.zeros((r, w), dtype=torch.long)
+    next_ids = torch.full((r, t_width), pad_id, dtype=torch.long)
+    row = torch.zeros(b, dtype=torch.long)
+    index = torch.zeros((b, max(c_width - 1, 0)), dtype=torch.long)
     targets = torch.full((b, c_width), pad_id, dtype=torch.long)
     mask = torch.zeros((b, c_width), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        targets[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
-        mask[i, : len(s.completion_ids)] = 1.0
-    p_len = p_mask.sum(-1)
-    return SharedPacked(
-        prompt_ids=p_ids,
-        prompt_mask=p_mask,
-        prompt_positions=(p_mask.cumsum(-1) - 1).clamp(min=0),
-        row_prompt=row_prompt,
-        attention_mask=torch.cat([p_mask[row_prompt], mask.long()], dim=1),
-        positions=p_len[row_prompt][:, None] + torch.arange(c_width)[None, :],
+    for j, (prompt, idx) in enumerate(rows):
+        p = len(prompt)
+        ids[j, p_width - p : p_width] = torch.tensor(prompt)
+        seg[j, p_width - p : p_width] = 0
+        pos[j, p_width - p : p_width] = torch.arange(p)
+        col = 0  # columns after the prompt used so far
+        for k, i in enumerate(idx, start=1):
+            comp = samples[i].completion_ids
+            n = len(comp) - 1
+            row[i] = j
+            targets[i, : n + 1] = torch.tensor(comp)
+            mask[i, : n + 1] = 1.0
+            if n > 0:
+                ids[j, p_width + col : p_width + col + n] = torch.tensor(comp[:-1])
+                seg[j, p_width + col : p_width + col + n] = k
+                pos[j, p_width + col : p_width + col + n] = torch.arange(p, p + n)
+                next_ids[j, col : col + n] = torch.tensor(comp[1:])
+                index[i, :n] = j * t_width + col + torch.arange(n)
+            col += n
+    return Packed(
+        input_ids=ids,
+        attention_mask=block_mask(seg, attention) if shared else (seg >= 0).long(),
+        position_ids=pos,
+        row=row,
+        index=index,
+        next_ids=next_ids,
         targets=targets,
         mask=mask,
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
@@ -166,7 +177,7 @@ class TrainStats:
 class _Plan:
     """One update's micro-batches, weights and fixed log-probs (old: set by epoch 1)."""
 
-    batches: list[tuple[list[int], Packed | SharedPacked]]
+    batches: list[tuple[list[int], Packed]]
     row_weight: torch.Tensor  # [N] loss weight of each sample's tokens
     total_weight: float
     tokens: int
@@ -174,12 +185,33 @@ class _Plan:
     old: list[torch.Tensor | None]
 
 
-def uses_checkpointing(model: torch.nn.Module) -> bool:
-    """True if any module of ``model`` recomputes activations (gradient checkpointing)."""
-    return any(vars(m).get("gradient_checkpointing") is True for m in model.modules())
-
-
 FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")  # where torch has fused Adam(W) kernels
+
+
+def shared_attention(model: torch.nn.Module) -> str | None:
+    """The model's attention implementation if a block mask can put a prompt's
+    completions in one row: "sdpa" or "eager" with full attention in every layer (a
+    sliding window is the model's own mask). None otherwise: one completion a row."""
+    if not decode.supported(model):
+        return None
+    impl = getattr(model.config, "_attn_implementation", None)
+    return impl if impl in ("sdpa", "eager") else None
+
+
+def _per_token(
+    mb: Packed,
+    logits: torch.Tensor,
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``fn(logits [n, t, V], targets [n, t]) -> [n, t]`` applied to every completion
+    token: [B, C], padding where ``mb.mask`` is 0. The first tokens come from their row's
+    last prompt position, the others from where ``mb.index`` puts them."""
+    dev = logits.device
+    first = fn(logits[:, 0][mb.row.to(dev)].unsqueeze(1), mb.targets[:, :1].to(dev))
+    if mb.index.shape[1] == 0:
+        return first
+    rest = fn(logits[:, 1:], mb.next_ids.to(dev))
+    return torch.cat([first, rest.flatten()[mb.index.to(dev)]], dim=1)
 
 
 class Trainer:
@@ -217,19 +249,9 @@ class Trainer:
             torch.amp.GradScaler(policy.device.type) if policy.dtype == torch.float16 else None
         )
 
-    def _micro_batches(
-        self, samples: Sequence[Sample]
-    ) -> list[tuple[list[int], Packed | SharedPacked]]:
+    def _micro_batches(self, samples: Sequence[Sample]) -> list[tuple[list[int], Packed]]:
         """Micro-batches with their sample indices: group by group, similar lengths together."""
         size = self.settings.micro_batch_size
-        pad = self.policy.tokenizer.pad_token_id
-        if uses_checkpointing(self.policy.model):
-            order = sorted(
-                range(len(samples)),
-                key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids),
-            )
-            chunks = [order[i : i + size] for i in range(0, len(order), size)]
-            return [(idx, pack([samples[i] for i in idx], pad)) for idx in chunks]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, s in enumerate(samples):
             groups.setdefault(tuple(s.prompt_ids), []).append(i)
@@ -238,67 +260,37 @@ class Trainer:
             i for idx in ordered for i in sorted(idx, key=lambda i: len(samples[i].completion_ids))
         ]
         chunks = [order[i : i + size] for i in range(0, len(order), size)]
-        return [(idx, pack_shared([samples[i] for i in idx], pad)) for idx in chunks]
+        pad, attention = self.policy.tokenizer.pad_token_id, shared_attention(self.policy.model)
+        return [(idx, pack([samples[i] for i in idx], pad, attention=attention)) for idx in chunks]
 
     def _logprobs(
-        self, model: torch.nn.Module, mb: Packed | SharedPacked, *, entropy: bool = False
+        self, model: torch.nn.Module, mb: Packed, *, entropy: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, C] of the completion tokens; with ``entropy``, also their entropy."""
-        parts = self._completion_logits(model, mb)
         warp = {"top_k": self.top_k, "top_p": self.top_p}
-        logp = torch.cat(
-            [grpo.token_logprobs(x, t, self.temperature, **warp) for x, t in parts], dim=1
+        logits = self._logits(model, mb)
+        logp = _per_token(
+            mb, logits, lambda x, t: grpo.token_logprobs(x, t, self.temperature, **warp)
         )
         if not entropy:
             return logp
-        ent = torch.cat(
-            [grpo.token_entropy(x.detach(), self.temperature, **warp) for x, _ in parts], dim=1
+        ent = _per_token(
+            mb, logits, lambda x, _: grpo.token_entropy(x.detach(), self.temperature, **warp)
         )
         return logp, ent
 
-    def _completion_logits(
-        self, model: torch.nn.Module, mb: Packed | SharedPacked
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The logits [B, t, V] that predict the completion tokens, with those tokens
-        [B, t], in consecutive parts that together cover all C of them."""
+    def _logits(self, model: torch.nn.Module, mb: Packed) -> torch.Tensor:
+        """The logits [R, 1 + T, V] of each row's last prompt position and its completion
+        input tokens (see ``Packed``): one forward pass over prompts and completions."""
         dev = self.policy.device
-        c = mb.targets.shape[1]
-        targets = mb.targets.to(dev)
-        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         with self.policy.autocast():
-            if isinstance(mb, Packed):
-                logits = model(
-                    input_ids=mb.input_ids.to(dev),
-                    attention_mask=mb.attention_mask.to(dev),
-                    position_ids=mb.position_ids.to(dev),
-                    logits_to_keep=c + 1,
-                    use_cache=False,
-                ).logits[:, :c]
-                parts.append((logits, targets))
-            else:
-                out = model(
-                    input_ids=mb.prompt_ids.to(dev),
-                    attention_mask=mb.prompt_mask.to(dev),
-                    position_ids=mb.prompt_positions.to(dev),
-                    logits_to_keep=1,
-                    use_cache=True,
-                )
-                rows = mb.row_prompt.to(dev)
-                parts.append((out.logits[rows], targets[:, :1]))
-                if c > 1:
-                    cache = out.cache
-                    if mb.row_prompt.tolist() != list(range(len(mb.prompt_ids))):
-                        cache.batch_select_indices(rows)
-                    rest = model(
-                        input_ids=targets[:, : c - 1],
-                        attention_mask=mb.attention_mask[:, :-1].to(dev),
-                        position_ids=mb.positions[:, : c - 1].to(dev),
-                        cache=cache,
-                        use_cache=True,
-                    ).logits
-                    parts.append((rest, targets[:, 1:]))
-                del out
-        return parts
+            return model(
+                input_ids=mb.input_ids.to(dev),
+                attention_mask=mb.attention_mask.to(dev),
+                position_ids=mb.position_ids.to(dev),
+                logits_to_keep=mb.next_ids.shape[1] + 1,
+                use_cache=False,
+            ).logits
 
     @torch.no_grad()
     def completion_logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
@@ -319,10 +311,7 @@ class Trainer:
         settings; trains nothing."""
         out: list[list[int]] = [[] for _ in samples]
         for idx, mb in self._micro_batches(samples):
-            ranks = torch.cat(
-                [grpo.token_ranks(x, t) for x, t in self._completion_logits(self.policy.model, mb)],
-                dim=1,
-            )
+            ranks = _per_token(mb, self._logits(self.policy.model, mb), grpo.token_ranks)
             for row, i in enumerate(idx):
                 out[i] = ranks[row, : len(samples[i].completion_ids)].tolist()
         return out

@@ -8,13 +8,51 @@ length, logits for the last ``C + 1`` positions, weights over the whole batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from sapo_node import grpo
 from sapo_node.config import TrainSection
 from sapo_node.policy import Policy
-from sapo_node.trainer import Sample, pack
+from sapo_node.trainer import Sample
+
+
+@dataclass
+class Packed:
+    """A padded micro-batch, each row with its prompt (see the module docstring)."""
+
+    input_ids: torch.Tensor  # [B, P + C]
+    attention_mask: torch.Tensor  # [B, P + C]
+    position_ids: torch.Tensor  # [B, P + C]
+    targets: torch.Tensor  # [B, C] completion tokens
+    mask: torch.Tensor  # [B, C] 1 on real completion tokens
+    advantages: torch.Tensor  # [B]
+
+
+def pack(samples: Sequence[Sample], pad_id: int) -> Packed:
+    """Pad a list of samples into tensors: prompts on the left, completions on the right."""
+    p_width = max(len(s.prompt_ids) for s in samples)
+    c_width = max(len(s.completion_ids) for s in samples)
+    b = len(samples)
+    ids = torch.full((b, p_width + c_width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p_width + c_width), dtype=torch.long)
+    mask = torch.zeros((b, c_width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        ids[i, p_width - p : p_width] = torch.tensor(s.prompt_ids)
+        ids[i, p_width : p_width + c] = torch.tensor(s.completion_ids)
+        attn[i, p_width - p : p_width + c] = 1
+        mask[i, :c] = 1.0
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    return Packed(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=positions,
+        targets=ids[:, p_width:],
+        mask=mask,
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+    )
 
 
 def unshared_backward(

@@ -1,4 +1,5 @@
-"""Prompt sharing in training: loss and every gradient equal the unshared computation."""
+"""Prompt sharing in training (one row per prompt, a block attention mask): the loss and
+every gradient equal the unshared computation (each completion with its own prompt)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from sapo_node.config import LoraSection, TrainSection
 from sapo_node.policy import load_policy
-from sapo_node.trainer import Sample, SharedPacked, Trainer
+from sapo_node.trainer import Sample, Trainer, block_mask, pack, shared_attention
 from tests.support.unshared import unshared_backward
 
 
@@ -41,7 +42,8 @@ def _compare(policy, settings: TrainSection, **weights) -> None:
     trainer = Trainer(policy, settings, max_new_tokens=16)
     shared = trainer.gradients(samples, **weights)
     got = _grads(policy)
-    assert all(isinstance(mb, SharedPacked) for _, mb in trainer._micro_batches(samples))
+    for idx, mb in trainer._micro_batches(samples):  # one row per distinct prompt
+        assert mb.input_ids.shape[0] == len({tuple(samples[i].prompt_ids) for i in idx})
     want_loss = unshared_backward(policy, samples, settings, 16, **weights)
     want = _grads(policy)
     assert set(got) == set(want) and got
@@ -72,17 +74,71 @@ def test_shared_prompts_with_lora(tiny_model_dir: Path) -> None:
     _compare(pol, TrainSection(micro_batch_size=3), batch_rows=20, batch_tokens=100)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir: Path) -> None:
+def test_gradient_checkpointing_shares_prompts_with_the_same_gradients(
+    tiny_model_dir: Path,
+) -> None:
     kw = dict(device="cpu", dtype="auto", lora=LoraSection(), cache_dir=tiny_model_dir)
     plain = load_policy(str(tiny_model_dir), **kw)
     ckpt = load_policy(str(tiny_model_dir), gradient_checkpointing=True, **kw)
     samples, settings = _groups(), TrainSection(micro_batch_size=4)
+    trainer = Trainer(ckpt, settings, max_new_tokens=16)
+    assert any(mb.input_ids.shape[0] < len(idx) for idx, mb in trainer._micro_batches(samples))
     Trainer(plain, settings, max_new_tokens=16).gradients(samples)
-    Trainer(ckpt, settings, max_new_tokens=16).gradients(samples)
+    trainer.gradients(samples)
     want, got = _grads(plain), _grads(ckpt)
     assert set(got) == set(want)
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_eager_attention_gets_an_additive_block_mask(tiny_model_dir: Path) -> None:
+    pol = load_policy(
+        str(tiny_model_dir),
+        device="cpu",
+        dtype="auto",
+        lora=LoraSection(),
+        cache_dir=tiny_model_dir,
+    )
+    pol.model.config._attn_implementation = "eager"
+    assert shared_attention(pol.model) == "eager"
+    _compare(pol, TrainSection(micro_batch_size=5))
+
+
+def test_a_model_without_full_attention_gets_one_completion_a_row(tiny_policy) -> None:
+    tiny_policy.model.config.sliding_window, tiny_policy.model.config.use_sliding_window = 8, True
+    assert shared_attention(tiny_policy.model) is None
+    trainer = Trainer(tiny_policy, TrainSection(micro_batch_size=4), max_new_tokens=16)
+    for idx, mb in trainer._micro_batches(_groups()):
+        assert mb.input_ids.shape[0] == len(idx) and mb.attention_mask.ndim == 2
+
+
+def test_pack_puts_a_prompt_once_before_its_completions() -> None:
+    samples = [
+        Sample([1, 2], [3, 4, 5], 1.0),
+        Sample([6], [7], -1.0),
+        Sample([1, 2], [8, 9], 0.5),
+    ]
+    mb = pack(samples, pad_id=0)
+    # row 0: prompt [1, 2], then [3, 4] (inputs of 3 4 5) and [8] (of 8 9); row 1: [6]
+    assert mb.input_ids.tolist() == [[1, 2, 3, 4, 8], [0, 6, 0, 0, 0]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 2], [0, 0, 0, 0, 0]]
+    assert mb.row.tolist() == [0, 1, 0]
+    assert mb.next_ids.tolist() == [[4, 5, 9], [0, 0, 0]]
+    assert mb.index.tolist() == [[0, 1], [0, 0], [2, 0]]
+    assert mb.targets.tolist() == [[3, 4, 5], [7, 0, 0], [8, 9, 0]]
+    seen = mb.attention_mask[0, 0].int().tolist()
+    assert seen[4] == [1, 1, 0, 0, 1]  # the second completion sees the prompt, not the first
+    assert seen[3] == [1, 1, 1, 1, 0]
+    assert mb.attention_mask[1, 0].int().tolist()[0] == [1, 0, 0, 0, 0]  # padding: itself
+    unshared = pack(samples, pad_id=0, attention=None)
+    assert unshared.input_ids.shape[0] == 3 and unshared.attention_mask.ndim == 2
+
+
+def test_block_mask_for_eager_attention_is_additive() -> None:
+    seen = block_mask(torch.tensor([[0, 1, 2]]), "sdpa")
+    additive = block_mask(torch.tensor([[0, 1, 2]]), "eager")
+    assert additive.dtype == torch.float32
+    assert torch.equal(additive == 0, seen)
 
 
 def test_shared_step_equals_unshared_step(tiny_policy) -> None:

@@ -10,6 +10,7 @@ from sapo_node import grpo
 from sapo_node.config import LoraSection, TrainSection
 from sapo_node.policy import load_policy
 from sapo_node.trainer import Sample, Trainer, pack
+from tests.support.unshared import pack as pack_unshared
 
 
 @pytest.fixture()
@@ -29,14 +30,14 @@ def _samples(n: int = 6) -> list[Sample]:
 
 def test_log_probs_are_those_of_the_sampling_temperature(policy) -> None:
     samples = _samples(3)
-    mb = pack(samples, policy.tokenizer.pad_token_id)
+    ref, mb = pack_unshared(samples, 0), pack(samples, policy.tokenizer.pad_token_id)
     hot = Trainer(policy, TrainSection(), max_new_tokens=16, temperature=2.0)
     plain = Trainer(policy, TrainSection(), max_new_tokens=16)
     with torch.no_grad():
         logits = policy.model(
-            input_ids=mb.input_ids,
-            attention_mask=mb.attention_mask,
-            position_ids=mb.position_ids,
+            input_ids=ref.input_ids,
+            attention_mask=ref.attention_mask,
+            position_ids=ref.position_ids,
         ).logits
         c = mb.targets.shape[1]
         want = torch.log_softmax(logits[:, -c - 1 : -1].float() / 2.0, -1)
@@ -48,11 +49,11 @@ def test_log_probs_are_those_of_the_sampling_temperature(policy) -> None:
 
 def test_pack_layout() -> None:
     packed = pack([Sample([1, 2, 3], [4, 5], 1.0), Sample([6], [7, 8, 9], -1.0)], pad_id=0)
-    assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5, 0], [0, 0, 6, 7, 8, 9]]
-    assert packed.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
-    assert packed.position_ids[1, 2:].tolist() == [0, 1, 2, 3]
+    assert packed.input_ids.tolist() == [[1, 2, 3, 4, 0], [0, 0, 6, 7, 8]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 0], [0, 0, 0, 1, 2]]
     assert packed.targets.tolist() == [[4, 5, 0], [7, 8, 9]]
     assert packed.mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert packed.next_ids.tolist() == [[5, 0], [8, 9]]
 
 
 def test_packed_logprobs_equal_unpadded_forward(policy) -> None:
@@ -176,12 +177,14 @@ def test_groups_without_signal_do_not_rescale_the_step(policy, norm: str) -> Non
 
 def test_log_probs_follow_top_k_and_top_p(policy) -> None:
     samples = _samples(3)
-    mb = pack(samples, policy.tokenizer.pad_token_id)
+    ref, mb = pack_unshared(samples, 0), pack(samples, policy.tokenizer.pad_token_id)
     trainer = Trainer(policy, TrainSection(), max_new_tokens=16, temperature=0.7, top_p=0.8)
     trainer.top_k = 20
     with torch.no_grad():
         logits = policy.model(
-            input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids
+            input_ids=ref.input_ids,
+            attention_mask=ref.attention_mask,
+            position_ids=ref.position_ids,
         ).logits
         c = mb.targets.shape[1]
         x = grpo.truncated_logits(
