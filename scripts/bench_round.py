@@ -13,17 +13,19 @@ Prints, for the same batch on the same machine, in one process, interleaved:
   2. a few real rounds of a Node: the share of wall time per round spent
      outside generate/score/train, and the peak RSS.
   3. training: seconds per training step (forward, backward, clip, AdamW step) of the
-     node's path (each prompt once per micro-batch, its KV cache shared by its completions;
-     the fused AdamW kernel) vs the previous step (each row carrying its prompt,
-     tests/support/unshared.py; torch's default AdamW loop) on the same samples,
+     node's path (one row per prompt and its completions, a block attention mask; the
+     fused AdamW kernel), the same with gradient checkpointing, vs the previous step
+     (each row carrying its prompt, tests/support/unshared.py; torch's default AdamW
+     loop) on the same samples,
      interleaved, and the max abs difference of their gradients.
-     ``--rss-step new|old`` instead runs one training step alone and prints the peak RSS
-     (run it in a fresh process per path).
+     ``--rss-step new|ckpt|old`` instead runs two training steps alone (the second is the
+     first with AdamW's state) and prints the peak RSS after each; ``ckpt``: the node's
+     path with gradient checkpointing. Run it in a fresh process per path.
 
 Usage: python scripts/bench_round.py [--data-dir DIR] [--rounds 3] [--repeats 2]
        [--profile-step] [--skip-rounds]
        python scripts/bench_round.py --training-only [--repeats 3]
-       python scripts/bench_round.py --rss-step new
+       python scripts/bench_round.py --rss-step new [--lora]
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def main() -> None:
     )
     parser.add_argument("--skip-rounds", action="store_true", help="Only the generation part.")
     parser.add_argument("--training-only", action="store_true")
-    parser.add_argument("--rss-step", choices=["new", "old"])
+    parser.add_argument("--rss-step", choices=["new", "ckpt", "old"])
+    parser.add_argument("--lora", action="store_true", help="With --rss-step: LoRA on.")
     args = parser.parse_args()
 
     from sapo_node.logs import configure_logging
@@ -72,13 +75,15 @@ def _default_prompts(args: argparse.Namespace):
     from sapo_node.policy import load_policy
     from sapo_node.tasks import build_messages, make_task
 
-    cfg = load_config(environ={})
+    lora = {"SAPO_MODEL__LORA__ENABLED": "true"} if getattr(args, "lora", False) else {}
+    cfg = load_config(environ=lora)
     policy = load_policy(
         "embedded",
         device="cpu",
         dtype="auto",
         lora=cfg.model.lora,
         cache_dir=args.data_dir / "models",
+        gradient_checkpointing=getattr(args, "rss_step", None) == "ckpt",
     )
     curriculum = Curriculum(cfg.tasks.families, cfg.curriculum)
     tasks = [make_task(r) for r in curriculum.sample(seed=7, round_=0, count=4)]
@@ -409,15 +414,28 @@ def measure_training(args: argparse.Namespace) -> None:
         trainer.step(samples)
         return time.perf_counter() - start
 
-    times: dict[str, list[float]] = {"old": [], "new": []}
+    def checkpointed_step() -> float:
+        policy.model.gradient_checkpointing_enable()
+        try:
+            return new_step()
+        finally:
+            policy.model.gradient_checkpointing_disable()
+
+    times: dict[str, list[float]] = {"old": [], "new": [], "ckpt": []}
     for _ in range(args.repeats):  # interleaved, best of N: the machine is noisy
         times["old"].append(old_step())
         times["new"].append(new_step())
-        print(f"  step: old {times['old'][-1]:.2f} s, new {times['new'][-1]:.2f} s", flush=True)
+        times["ckpt"].append(checkpointed_step())
+        print(
+            f"  step: old {times['old'][-1]:.2f} s, new {times['new'][-1]:.2f} s, "
+            f"new with gradient checkpointing {times['ckpt'][-1]:.2f} s",
+            flush=True,
+        )
     best = {k: min(v) for k, v in times.items()}
     print(
         f"  s/step: old (unshared) {best['old']:.2f}, new (shared prompts) {best['new']:.2f}, "
-        f"ratio {best['old'] / best['new']:.2f}x   (all: {times})"
+        f"ratio {best['old'] / best['new']:.2f}x; with gradient checkpointing "
+        f"{best['ckpt']:.2f} ({best['ckpt'] / best['new']:.2f}x new)   (all: {times})"
     )
 
     # The optimiser step alone, on the same gradients: the previous loop vs the fused kernel.
@@ -442,15 +460,21 @@ def measure_training_rss(args: argparse.Namespace) -> None:
 
     cfg, policy, samples = _training_setup(args)
     trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    if args.rss_step == "new":
-        trainer.step(samples)
-    else:
-        unshared_backward(policy, samples, cfg.train, cfg.generation.max_new_tokens)
-        torch.nn.utils.clip_grad_norm_(trainer.params, cfg.train.grad_clip)
-        previous_optimizer(trainer.params, cfg.train).step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{args.rss_step}: peak RSS {peak:.0f} MiB (after loading: {before:.0f} MiB)")
+    old_optimizer = previous_optimizer(trainer.params, cfg.train)
+    peaks = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
+    for _ in range(2):  # the second step is the first with AdamW's state in memory
+        if args.rss_step == "old":
+            unshared_backward(policy, samples, cfg.train, cfg.generation.max_new_tokens)
+            torch.nn.utils.clip_grad_norm_(trainer.params, cfg.train.grad_clip)
+            old_optimizer.step()
+            old_optimizer.zero_grad(set_to_none=True)
+        else:
+            trainer.step(samples)
+        peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(
+        f"{args.rss_step}: peak RSS after loading {peaks[0]:.0f} MiB, after step 1 "
+        f"{peaks[1]:.0f} MiB, after step 2 {peaks[2]:.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

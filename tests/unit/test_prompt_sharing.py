@@ -153,3 +153,32 @@ def test_shared_step_equals_unshared_step(tiny_policy) -> None:
     ref.optimizer.step()
     for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_gradient_checkpointing_with_lora_gives_the_adapters_their_gradients(
+    tiny_model_dir: Path,
+) -> None:
+    def policy(checkpointing: bool):
+        torch.manual_seed(0)  # the adapters' initial A
+        pol = load_policy(
+            str(tiny_model_dir),
+            device="cpu",
+            dtype="auto",
+            lora=LoraSection(enabled=True, r=4),
+            cache_dir=tiny_model_dir,
+            gradient_checkpointing=checkpointing,
+        )
+        with torch.no_grad():  # B starts at zero, which would make A's gradient zero
+            for n, p in pol.model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.1)
+        return pol
+
+    plain, ckpt = policy(False), policy(True)
+    samples, settings = _groups(), TrainSection(micro_batch_size=4)
+    Trainer(plain, settings, max_new_tokens=16).gradients(samples)
+    Trainer(ckpt, settings, max_new_tokens=16).gradients(samples)
+    want, got = _grads(plain), _grads(ckpt)
+    assert set(got) == set(want) and want
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
