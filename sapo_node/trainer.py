@@ -186,6 +186,10 @@ class _Plan:
 
 
 FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")  # where torch has fused Adam(W) kernels
+# Positions of a row passed to one call of a per-token function: a row holds a whole
+# group's completions, and the entropy's [positions, vocabulary] temporaries (four of
+# them) would otherwise reach 0.4 GB at 8 x 64 tokens.
+POSITIONS_PER_CALL = 64
 
 
 def shared_attention(model: torch.nn.Module) -> str | None:
@@ -210,7 +214,17 @@ def _per_token(
     first = fn(logits[:, 0][mb.row.to(dev)].unsqueeze(1), mb.targets[:, :1].to(dev))
     if mb.index.shape[1] == 0:
         return first
-    rest = fn(logits[:, 1:], mb.next_ids.to(dev))
+    t, next_ids = mb.next_ids.shape[1], mb.next_ids.to(dev)
+    rest = torch.cat(
+        [
+            fn(
+                logits[:, 1 + a : 1 + a + POSITIONS_PER_CALL],
+                next_ids[:, a : a + POSITIONS_PER_CALL],
+            )
+            for a in range(0, t, POSITIONS_PER_CALL)
+        ],
+        dim=1,
+    )
     return torch.cat([first, rest.flatten()[mb.index.to(dev)]], dim=1)
 
 

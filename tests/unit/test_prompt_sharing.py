@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sapo_node import trainer as trainer_module
 from sapo_node.config import LoraSection, TrainSection
 from sapo_node.policy import load_policy
 from sapo_node.trainer import Sample, Trainer, block_mask, pack, shared_attention
@@ -182,3 +183,8 @@ def test_gradient_checkpointing_with_lora_gives_the_adapters_their_gradients(
     assert set(got) == set(want) and want
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_long_rows_are_taken_a_few_positions_at_a_time(tiny_policy, monkeypatch) -> None:
+    monkeypatch.setattr(trainer_module, "POSITIONS_PER_CALL", 3)
+    _compare(tiny_policy, TrainSection(micro_batch_size=5, loss_norm="sequence"))
