@@ -211,20 +211,17 @@ def _per_token(
     token: [B, C], padding where ``mb.mask`` is 0. The first tokens come from their row's
     last prompt position, the others from where ``mb.index`` puts them."""
     dev = logits.device
-    first = fn(logits[:, 0][mb.row.to(dev)].unsqueeze(1), mb.targets[:, :1].to(dev))
-    if mb.index.shape[1] == 0:
-        return first
-    t, next_ids = mb.next_ids.shape[1], mb.next_ids.to(dev)
-    rest = torch.cat(
-        [
-            fn(
-                logits[:, 1 + a : 1 + a + POSITIONS_PER_CALL],
-                next_ids[:, a : a + POSITIONS_PER_CALL],
-            )
-            for a in range(0, t, POSITIONS_PER_CALL)
-        ],
-        dim=1,
+    t = mb.next_ids.shape[1]
+    # One split, not slices: its backward writes every part's gradient into one tensor
+    # (each slice's backward would allocate a zero tensor of the whole logits' size).
+    head, *parts = logits.split(
+        [1] + [min(POSITIONS_PER_CALL, t - a) for a in range(0, t, POSITIONS_PER_CALL)], dim=1
     )
+    first = fn(head[:, 0][mb.row.to(dev)].unsqueeze(1), mb.targets[:, :1].to(dev))
+    if t == 0:
+        return first
+    next_ids = mb.next_ids.to(dev).split(POSITIONS_PER_CALL, dim=1)
+    rest = torch.cat([fn(x, y) for x, y in zip(parts, next_ids, strict=True)], dim=1)
     return torch.cat([first, rest.flatten()[mb.index.to(dev)]], dim=1)
 
 
