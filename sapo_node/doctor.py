@@ -22,12 +22,14 @@ a GPU (bfloat16):
 - the peak pass, the larger of
   - training: gradients 4P (LoRA 4A), plus the larger of AdamW's foreach temporaries,
     4P (LoRA 4A), and one micro-batch's activations, its worst case (every completion
-    runs to N tokens):
-    [g p (10 H + 4 I + 3 h p) + m N (10 H + 4 I + 3 h (p + N))] a b
-    (per token and layer: the norms' inputs and outputs, q, k, v, attention output, the
-    MLP's gate, up, activation and product, and the attention scores, which the CPU's
-    attention keeps), + 4 m (N + 1) V x 4 (the completion logits, their log-softmax and
-    both gradients, float32), + 256 MiB (backward's transient buffers, allocator slack);
+    runs to N tokens), over its T = g p + m N tokens (one row per prompt, its
+    completions after it): T (10 H + 4 I) a b (per token and layer: the norms' inputs
+    and outputs, q, k, v, attention output, the MLP's gate, up, activation and product;
+    the CPU's and CUDA's attention kernels keep no scores); with gradient checkpointing
+    T (a H + 10 H + 4 I) b (each layer's input, and one layer recomputed); + 4 m (N + 1)
+    V x 4 (the completion logits, their log-softmax and both gradients, float32), + 560
+    MiB (backward's transient buffers and the allocator's slack, fitted to the
+    measurements below);
   - generation: the KV cache preallocated for the whole generation, S (p + N) a 2K b;
 - the processes: 400 MiB for the node (Python, torch, transformers, the tokenizer), 150
   MiB for the scoring worker, 150 MiB for the network process when the node is online
@@ -84,9 +86,8 @@ SCORER_PROCESS = 150 * MiB
 NET_PROCESS = 150 * MiB
 ACT_PER_HIDDEN = 10  # activations kept for backward, per token and layer, in units of H
 ACT_PER_MLP = 4  # ... and of I (gate, up, their activation and product)
-ATTN_COPIES = 3  # attention scores per head and key (the CPU's SDPA keeps them)
 LOGIT_COPIES = 4  # completion logits, their log-softmax, and both gradients, float32
-TRAIN_FIXED = 256 * MiB  # backward's transient buffers and the allocator's slack (measured)
+TRAIN_FIXED = 560 * MiB  # backward's transient buffers and the allocator's slack (fitted)
 CUDA_CONTEXT = 512 * MiB
 TIGHT = 0.9  # a need above this share of what is free: WARN
 
@@ -572,10 +573,12 @@ def memory_need(
     n, m, per_group = g.max_new_tokens, t.micro_batch_size, g.completions_per_task
     prompts = math.ceil(m / per_group) + (1 if m % per_group else 0)
     per_token = ACT_PER_HIDDEN * info.hidden + ACT_PER_MLP * info.intermediate
-    attn = ATTN_COPIES * info.heads
-    acts = prompts * prompt_tokens * (per_token + attn * prompt_tokens)
-    acts += m * n * (per_token + attn * (prompt_tokens + n))
-    acts = acts * info.layers * b + LOGIT_COPIES * m * (n + 1) * info.vocab * 4 + TRAIN_FIXED
+    tokens = prompts * prompt_tokens + m * n  # one row per prompt, its completions after it
+    if cfg.model.gradient_checkpointing:  # each layer's input, and one layer recomputed
+        acts = tokens * (info.layers * info.hidden + per_token) * b
+    else:
+        acts = tokens * info.layers * per_token * b
+    acts += LOGIT_COPIES * m * (n + 1) * info.vocab * 4 + TRAIN_FIXED
     train = 4 * trained + max(acts, 4 * trained)  # gradients, then activations or AdamW's
     if not t.enabled:  # a generating member: no optimiser, no training pass
         optimizer = train = 0
