@@ -39,10 +39,10 @@ a GPU (bfloat16):
 Against measurements of the embedded model (P = 134.5 M, 2 cores, torch 2.13 CPU, float32;
 ``tests/unit/test_doctor.py`` keeps them and ``-m slow`` measures them again): three
 training steps of 2 prompts (104 tokens) x 8 completions of exactly N tokens,
-micro-batch 8, peak RSS of the process: full fine-tuning at N = 64 4170 MiB (formula
-4237), LoRA at N = 64 2596 MiB (2726) and at N = 32 1947 MiB (2027). Real node rounds of
-the default config, whose completions mostly end before 64 tokens, peaked lower than the
-formula's worst case: 3366 MiB full (formula 4325 at p = 128), 2746 MiB LoRA (2814)
+micro-batch 8, peak RSS of the process: full fine-tuning at N = 64 4130 MiB (formula
+4242), with gradient checkpointing 3277 MiB (3471), LoRA at N = 64 2707 MiB (2730) and at
+N = 32 2020 MiB (2190). Real node rounds of the default config, whose completions mostly
+end before 64 tokens, peak lower than the formula's worst case: ROUND_FIGURES
 (round 1 of ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``).
 
 Disk (``disk_need``): a checkpoint holds the trainable weights and the optimiser's two
