@@ -42,7 +42,8 @@ training steps of 2 prompts (104 tokens) x 8 completions of exactly N tokens,
 micro-batch 8, peak RSS of the process: full fine-tuning at N = 64 4130 MiB (formula
 4242), with gradient checkpointing 3277 MiB (3471), LoRA at N = 64 2707 MiB (2730) and at
 N = 32 2020 MiB (2190). Real node rounds of the default config, whose completions mostly
-end before 64 tokens, peak lower than the formula's worst case: ROUND_FIGURES
+end before 64 tokens, peak lower than the formula's worst case: 3025 MiB full (formula
+4274 at p = 128), 1794 MiB LoRA (2763)
 (round 1 of ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``).
 
 Disk (``disk_need``): a checkpoint holds the trainable weights and the optimiser's two

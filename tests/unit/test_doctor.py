@@ -255,8 +255,9 @@ MEASURED_STEPS_MIB = {("full", 64): 4130, ("lora", 64): 2707, ("lora", 32): 2020
 # The same with model.gradient_checkpointing on (full fine-tuning, N = 64).
 MEASURED_CHECKPOINTED_MIB = 3277
 # Round 1 of a real default node, ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``:
-# its completions mostly end before 64 tokens, so it stays under the formula's worst case.
-MEASURED_ROUND_MIB = {"full": 3366, "lora": 2746}
+# its completions mostly end before 64 tokens, so it stays under the formula's worst case;
+# the more so since a row holds its completions unpadded (before that: 3366 and 2746).
+MEASURED_ROUND_MIB = {"full": 3025, "lora": 1794}
 
 
 def _one_process(kind: str, n: int, tmp_path: Path, prompt_tokens: int = 104) -> float:
@@ -294,7 +295,7 @@ def test_the_memory_formula_with_gradient_checkpointing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_the_memory_formula_covers_real_rounds(kind: str, tmp_path: Path) -> None:
     estimate = _one_process(kind, 64, tmp_path, prompt_tokens=d.PROMPT_TOKENS)
-    assert MEASURED_ROUND_MIB[kind] <= estimate <= 1.35 * MEASURED_ROUND_MIB[kind]
+    assert MEASURED_ROUND_MIB[kind] <= estimate <= 1.6 * MEASURED_ROUND_MIB[kind]
 
 
 MEASURE_STEPS = """
