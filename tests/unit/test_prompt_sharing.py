@@ -59,19 +59,27 @@ def test_shared_prompts_give_the_unshared_gradients(tiny_policy, micro: int, nor
     _compare(tiny_policy, TrainSection(micro_batch_size=micro, loss_norm=norm))
 
 
-def test_shared_prompts_with_lora(tiny_model_dir: Path) -> None:
+def _lora_policy(model_dir: Path, *, gradient_checkpointing: bool = False):
+    """The tiny model with LoRA adapters whose B is moved off zero (at zero, A's gradient
+    would be zero); seeded, so two calls make the same adapters."""
+    torch.manual_seed(0)
     pol = load_policy(
-        str(tiny_model_dir),
+        str(model_dir),
         device="cpu",
         dtype="auto",
         lora=LoraSection(enabled=True, r=4),
-        cache_dir=tiny_model_dir,
+        cache_dir=model_dir,
+        gradient_checkpointing=gradient_checkpointing,
     )
-    # LoRA's B starts at zero, which would make A's gradient zero: move B first.
     with torch.no_grad():
         for n, p in pol.model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.1)
+    return pol
+
+
+def test_shared_prompts_with_lora(tiny_model_dir: Path) -> None:
+    pol = _lora_policy(tiny_model_dir)
     _compare(pol, TrainSection(micro_batch_size=3), batch_rows=20, batch_tokens=100)
 
 
@@ -159,23 +167,8 @@ def test_shared_step_equals_unshared_step(tiny_policy) -> None:
 def test_gradient_checkpointing_with_lora_gives_the_adapters_their_gradients(
     tiny_model_dir: Path,
 ) -> None:
-    def policy(checkpointing: bool):
-        torch.manual_seed(0)  # the adapters' initial A
-        pol = load_policy(
-            str(tiny_model_dir),
-            device="cpu",
-            dtype="auto",
-            lora=LoraSection(enabled=True, r=4),
-            cache_dir=tiny_model_dir,
-            gradient_checkpointing=checkpointing,
-        )
-        with torch.no_grad():  # B starts at zero, which would make A's gradient zero
-            for n, p in pol.model.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.1)
-        return pol
-
-    plain, ckpt = policy(False), policy(True)
+    plain = _lora_policy(tiny_model_dir)
+    ckpt = _lora_policy(tiny_model_dir, gradient_checkpointing=True)
     samples, settings = _groups(), TrainSection(micro_batch_size=4)
     Trainer(plain, settings, max_new_tokens=16).gradients(samples)
     Trainer(ckpt, settings, max_new_tokens=16).gradients(samples)
