@@ -7,10 +7,14 @@ Three kinds of model name:
 - a local directory with a transformers model and tokenizer;
 - a Hugging Face model id (needs the hub, or its local cache).
 
-Precision: on CPU everything is float32. On a GPU the trainable weights stay float32
-(Adam updates of ~1e-6 vanish in bfloat16) and forward passes run under autocast in
-bfloat16 (or float16 where bfloat16 is not supported); with LoRA the frozen base
-weights are stored in the compute dtype.
+Precision (``model.dtype = auto``): the trainable weights stay float32 (Adam updates of
+~1e-6 vanish in bfloat16) and forward passes compute in bfloat16 under autocast where the
+hardware computes in it: CUDA (float16 where bfloat16 is not supported), MPS, and CPUs
+with bfloat16 instructions (AVX512-BF16, AMX, Arm BF16); older CPUs compute in float32.
+Generation runs on a copy of the weights in the compute dtype, made for the call and
+dropped after it (``Policy.compute_weights``): on the CPU decoding is bound by reading the
+weights, so half the bytes are about twice the tokens per second (docs/benchmarks.md).
+With LoRA the frozen base weights are stored in the compute dtype.
 """
 
 from __future__ import annotations
@@ -55,8 +59,27 @@ def select_device(preference: str) -> torch.device:
     return torch.device(preference)
 
 
+def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has bfloat16 arithmetic instructions (not emulation through float32).
+
+    The ``avx512_bf16`` or ``amx_bf16`` flag (x86) or the ``bf16`` feature (Arm) in Linux's
+    /proc/cpuinfo. Elsewhere (macOS, where the GPU is used anyway; Windows) False: the CPU
+    path computes in float32 there, as it is unmeasured.
+    """
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return bool(set(value.split()) & {"avx512_bf16", "amx_bf16", "bf16"})
+    except OSError:
+        pass
+    return False
+
+
 def select_dtype(preference: str, device: torch.device) -> torch.dtype:
-    """float32 on CPU; bfloat16 where supported on GPUs, else float16."""
+    """The compute dtype. auto: bfloat16 where the hardware computes in it (GPUs, CPUs with
+    bfloat16 instructions), float16 on GPUs without it, float32 on other CPUs."""
     if preference != "auto":
         return getattr(torch, preference)
     if device.type == "cuda":
@@ -67,7 +90,7 @@ def select_dtype(preference: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16
         except (RuntimeError, TypeError):
             return torch.float16
-    return torch.float32
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
 
 
 def embedded_gguf_path() -> Path:
@@ -236,6 +259,27 @@ class Policy:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
+    @contextlib.contextmanager
+    def compute_weights(self) -> Iterator[None]:
+        """For generation: the float32 parameters replaced by copies in the compute dtype
+        (one more copy of the weights at half size while it lasts), restored on exit.
+
+        Autocast alone would cast every weight again at each decode step. Under
+        ``inference_mode`` the copies take no autograd state; the masters are untouched.
+        """
+        if self.dtype == torch.float32:
+            yield
+            return
+        params = [p for p in self.model.parameters() if p.dtype == torch.float32]
+        masters = [p.data for p in params]
+        try:
+            for p in params:
+                p.data = p.data.to(self.dtype)
+            yield
+        finally:
+            for p, master in zip(params, masters, strict=True):
+                p.data = master
+
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a chat prompt, ending where the assistant's answer starts."""
         ids = self.tokenizer.apply_chat_template(
@@ -304,8 +348,21 @@ class Policy:
         generation ends at the next token (the caller discards the partial result).
         """
         self.model.eval()
+        with self.compute_weights():
+            ids = self._generate_ids(prompts, settings, n, should_stop, greedy)
+        texts = [[self.decode(c) for c in group] for group in ids]
+        return Generated(ids, texts, sum(len(c) for g in ids for c in g))
+
+    def _generate_ids(
+        self,
+        prompts: Sequence[list[int]],
+        settings: GenerationSection,
+        n: int,
+        should_stop: Callable[[], bool] | None,
+        greedy: bool,
+    ) -> list[list[list[int]]]:
         if decode.supported(self.model):
-            ids = decode.sample(
+            return decode.sample(
                 self.model,
                 prompts,
                 n,
@@ -319,12 +376,7 @@ class Policy:
                 autocast=self.autocast,
                 should_stop=should_stop,
             )
-        else:
-            ids = self.generate_plain(
-                prompts, settings, n=n, should_stop=should_stop, greedy=greedy
-            )
-        texts = [[self.decode(c) for c in group] for group in ids]
-        return Generated(ids, texts, sum(len(c) for g in ids for c in g))
+        return self.generate_plain(prompts, settings, n=n, should_stop=should_stop, greedy=greedy)
 
     @torch.inference_mode()
     def generate_plain(

@@ -31,6 +31,7 @@ Usage: python scripts/bench_round.py [--data-dir DIR] [--rounds 3] [--repeats 2]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import tempfile
@@ -110,10 +111,12 @@ def measure_generation(args: argparse.Namespace) -> None:
         f"torch threads {torch.get_num_threads()}"
     )
 
-    def plain() -> float:
-        # The previous node path: every row in one left-padded model.generate call.
+    master = contextlib.nullcontext  # the float32 weights: the node's path before issue 10
+
+    def plain(weights=master) -> float:
+        # The previous node path: every row in one left-padded model.generate call, float32.
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), weights():
             ids, mask = policy._left_pad([p for p in prompts for _ in range(n)])
             model.generate(
                 input_ids=ids,
@@ -126,9 +129,10 @@ def measure_generation(args: argparse.Namespace) -> None:
         return rows * new / (time.perf_counter() - start)
 
     def node_path() -> float:
-        # decode.sample as Policy.generate calls it, with no EOS id: every row runs to the end.
+        # decode.sample as Policy.generate calls it (weights in the compute dtype, under
+        # autocast), with no EOS id: every row runs to the end.
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), policy.compute_weights():
             out = decode.sample(
                 model,
                 prompts,
@@ -138,33 +142,50 @@ def measure_generation(args: argparse.Namespace) -> None:
                 eos_ids=[],
                 device=policy.device,
                 max_batch_sequences=gen.max_batch_sequences,
+                autocast=policy.autocast,
             )
         made = sum(len(c) for g in out for c in g)
         assert made == rows * new, made
         return made / (time.perf_counter() - start)
 
+    half = policy.dtype != torch.float32
+    print(f"  the node computes in {str(policy.dtype).removeprefix('torch.')}")
     weights = _weight_matrices(model)
-    forced: dict[str, list[float]] = {"node": [], "plain": [], "gemm_bound": []}
+    runs = {
+        "node": node_path,
+        "plain": plain,
+        "gemm_bound": lambda: rows / _gemm_seconds(weights, rows),
+    }
+    if half:  # what the dtype alone gives: plain generate and the GEMMs on the same copies
+        runs["plain_half"] = lambda: plain(policy.compute_weights)
+        runs["gemm_bound_half"] = lambda: rows / _gemm_seconds(weights, rows, policy.dtype)
+    forced: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.repeats):  # interleaved, best of N: the machine is noisy
-        forced["node"].append(node_path())
-        forced["plain"].append(plain())
-        forced["gemm_bound"].append(rows / _gemm_seconds(weights, rows))
+        for k, run in runs.items():
+            forced[k].append(run())
     best = {k: max(v) for k, v in forced.items()}
-    print(
-        f"  GEMM bound at batch {rows}: {best['gemm_bound']:7.1f} tok/s "
-        f"({sum(w.numel() for w in weights) / 1e6:.1f} M weights; runs "
-        + ", ".join(f"{v:.1f}" for v in forced["gemm_bound"])
-        + ")"
-    )
-    for k in ("node", "plain"):
-        runs = ", ".join(f"{v:.1f}" for v in forced[k])
+    bound = "gemm_bound_half" if half else "gemm_bound"
+    for k in [k for k in forced if k.startswith("gemm")]:
         print(
-            f"  {k:6s} forced lengths: {best[k]:7.1f} tok/s, "
-            f"{100 * best[k] / best['gemm_bound']:5.1f}% of the GEMM bound (runs {runs})"
+            f"  {k} at batch {rows}: {best[k]:7.1f} tok/s "
+            f"({sum(w.numel() for w in weights) / 1e6:.1f} M weights; runs "
+            + ", ".join(f"{v:.1f}" for v in forced[k])
+            + ")"
         )
-    print(f"  ratio node/plain, forced lengths: {best['node'] / best['plain']:.2f}x")
+    for k in [k for k in forced if not k.startswith("gemm")]:
+        runs_k = ", ".join(f"{v:.1f}" for v in forced[k])
+        print(
+            f"  {k:10s} forced lengths: {best[k]:7.1f} tok/s, "
+            f"{100 * best[k] / best['gemm_bound']:5.1f}% of the float32 GEMM bound"
+            + (f", {100 * best[k] / best[bound]:5.1f}% of the {bound}" if half else "")
+            + f" (runs {runs_k})"
+        )
+    print(f"  ratio node/plain (float32), forced lengths: {best['node'] / best['plain']:.2f}x")
+    if half:
+        print(f"  ratio node/plain_half, forced lengths: {best['node'] / best['plain_half']:.2f}x")
 
-    # Natural lengths: rows stop at EOS. Useful tokens per second, interleaved.
+    # Natural lengths: rows stop at EOS. Useful tokens per second, interleaved; plain is
+    # the node's previous path (float32 weights, no autocast).
     natural: dict[str, list[float]] = {"node": [], "plain": []}
     for i in range(args.repeats):
         for name in ("node", "plain") if i % 2 == 0 else ("plain", "node"):
@@ -173,7 +194,9 @@ def measure_generation(args: argparse.Namespace) -> None:
             if name == "node":
                 made = policy.generate(prompts, gen, n=n).new_tokens
             else:
-                made = sum(len(c) for g in policy.generate_plain(prompts, gen, n=n) for c in g)
+                with _float32(policy):
+                    out = policy.generate_plain(prompts, gen, n=n)
+                made = sum(len(c) for g in out for c in g)
             natural[name].append(made / (time.perf_counter() - start))
     nb = {k: max(v) for k, v in natural.items()}
     print(
@@ -198,9 +221,22 @@ def _weight_matrices(model) -> list[torch.Tensor]:
     return [m.detach() for m in mats]
 
 
-def _gemm_seconds(weights: list[torch.Tensor], rows: int) -> float:
+@contextlib.contextmanager
+def _float32(policy):
+    """The policy computing in float32 (no autocast), as every CPU node did before."""
+    dtype, policy.dtype = policy.dtype, torch.float32
+    try:
+        yield
+    finally:
+        policy.dtype = dtype
+
+
+def _gemm_seconds(
+    weights: list[torch.Tensor], rows: int, dtype: torch.dtype = torch.float32
+) -> float:
     """Seconds for one pass of [rows, in] @ W.T over every weight matrix (best of 3)."""
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    weights = [w.to(dtype) for w in weights]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
     best = float("inf")
     with torch.inference_mode():
         for w in weights:  # warm-up

@@ -42,7 +42,7 @@ def tiny_policy(tiny_model_dir: Path):
     return load_policy(
         str(tiny_model_dir),
         device="cpu",
-        dtype="auto",
+        dtype="float32",
         lora=LoraSection(),
         cache_dir=tiny_model_dir,
     )

@@ -192,7 +192,7 @@ def test_lora_model_steps_equal_a_full_forward(tiny_model_dir, monkeypatch) -> N
     policy = load_policy(
         str(tiny_model_dir),
         device="cpu",
-        dtype="auto",
+        dtype="float32",
         lora=LoraSection(enabled=True),
         cache_dir=tiny_model_dir,
     )

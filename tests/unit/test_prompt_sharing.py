@@ -66,7 +66,7 @@ def _lora_policy(model_dir: Path, *, gradient_checkpointing: bool = False):
     pol = load_policy(
         str(model_dir),
         device="cpu",
-        dtype="auto",
+        dtype="float32",
         lora=LoraSection(enabled=True, r=4),
         cache_dir=model_dir,
         gradient_checkpointing=gradient_checkpointing,
@@ -86,7 +86,7 @@ def test_shared_prompts_with_lora(tiny_model_dir: Path) -> None:
 def test_gradient_checkpointing_shares_prompts_with_the_same_gradients(
     tiny_model_dir: Path,
 ) -> None:
-    kw = dict(device="cpu", dtype="auto", lora=LoraSection(), cache_dir=tiny_model_dir)
+    kw = dict(device="cpu", dtype="float32", lora=LoraSection(), cache_dir=tiny_model_dir)
     plain = load_policy(str(tiny_model_dir), **kw)
     ckpt = load_policy(str(tiny_model_dir), gradient_checkpointing=True, **kw)
     samples, settings = _groups(), TrainSection(micro_batch_size=4)
@@ -104,7 +104,7 @@ def test_eager_attention_gets_an_additive_block_mask(tiny_model_dir: Path) -> No
     pol = load_policy(
         str(tiny_model_dir),
         device="cpu",
-        dtype="auto",
+        dtype="float32",
         lora=LoraSection(),
         cache_dir=tiny_model_dir,
     )

@@ -128,7 +128,7 @@ def test_lora_trains_only_adapters(tiny_model_dir: Path) -> None:
     pol = load_policy(
         str(tiny_model_dir),
         device="cpu",
-        dtype="auto",
+        dtype="float32",
         lora=LoraSection(enabled=True, r=4),
         cache_dir=tiny_model_dir,
     )
