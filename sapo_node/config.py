@@ -291,6 +291,12 @@ class TrainSection(_Section):
         2, ge=0, le=4096, description="J: peers' groups per round (filled with own if short)."
     )
     optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
+    optimizer_state: Literal["bfloat16", "float32"] = Field(
+        "bfloat16",
+        description="Storage of Adam's two moments: bfloat16, stochastically rounded, halves "
+        "the optimiser's memory (0.5 GiB less for the embedded model; sapo_node/optim.py); "
+        "float32: torch's fused Adam(W).",
+    )
     lr: float = Field(1e-5, gt=0.0, le=1.0, description="Learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="Decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")

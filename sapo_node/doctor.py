@@ -12,12 +12,13 @@ h attention heads, key/value width K (kv heads x head dim), vocabulary V, and th
 config's S = min(max_batch_sequences, (I + J) x L) sequences generated at once, m =
 micro_batch_size, N = max_new_tokens, p = 128 prompt tokens (the default config's
 prompts are 104 tokens of the embedded tokenizer), g = ceil(m / L) distinct prompts per
-micro-batch (+1 when m is not a multiple of L), b = 4 bytes on a CPU (float32) and 2 on
-a GPU (bfloat16):
+micro-batch (+1 when m is not a multiple of L), b = 2 bytes where the node computes in
+bfloat16 (GPUs, CPUs with bfloat16 instructions) and 4 where it computes in float32:
 
-- weights: 4P, float32 (+ 2P of bfloat16 copies under GPU autocast); LoRA: bP for the
+- weights: 4P, float32 (+ 2P of bfloat16 copies under autocast); LoRA: bP for the
   frozen base + 4A;
-- optimiser: AdamW's two moments, 8P (LoRA 8A), + 4P for the frozen reference copy when
+- optimiser: Adam's two moments, 4P in bfloat16 (``train.optimizer_state``, the default;
+  LoRA 4A) or 8P in float32 (LoRA 8A), + 4P for the frozen reference copy when
   ``train.kl_coef`` > 0 (a LoRA node's reference is its base: nothing more);
 - the peak pass, the larger of
   - training: gradients 4P (LoRA 4A), plus the larger of AdamW's foreach temporaries,
@@ -47,7 +48,7 @@ end before 64 tokens, peak lower than the formula's worst case: 3025 MiB full (f
 (round 1 of ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``).
 
 Disk (``disk_need``): a checkpoint holds the trainable weights and the optimiser's two
-moments, 12P bytes (full) or 12A (LoRA); a node keeps ``node.keep_checkpoints`` and
+moments, 8P bytes (full; 12P with float32 moments) or 8A (LoRA); a node keeps ``node.keep_checkpoints`` and
 writes the next before pruning, so it needs (keep + 1) checkpoints, less those already
 there, plus the embedded model's float32 cache (4P) until it exists, plus the pool's
 ``pool.max_mb``.
@@ -557,11 +558,22 @@ def lora_params(info: ModelInfo, r: int, targets: Iterable[str]) -> int:
 
 
 def memory_need(
-    info: ModelInfo, cfg: Config, device: str, prompt_tokens: int = PROMPT_TOKENS
+    info: ModelInfo,
+    cfg: Config,
+    device: str,
+    prompt_tokens: int = PROMPT_TOKENS,
+    *,
+    cpu_bf16: bool = False,
 ) -> MemoryNeed:
-    """The peak memory of a node of ``cfg`` on ``device`` (the formula: module docstring)."""
+    """The peak memory of a node of ``cfg`` on ``device`` (the formula: module docstring);
+    ``cpu_bf16``: this CPU computes in bfloat16 (``policy.cpu_has_bf16``)."""
     gpu = device == "cuda"
-    b = 4 if device == "cpu" or cfg.model.dtype == "float32" else 2
+    dtype = cfg.model.dtype
+    if device == "cpu":
+        half = dtype == "bfloat16" or (dtype == "auto" and cpu_bf16)
+    else:
+        half = dtype != "float32"
+    b = 2 if half else 4
     p = info.params
     t, g = cfg.train, cfg.generation
     lora = cfg.model.lora
@@ -570,7 +582,8 @@ def memory_need(
     weights = b * p + 4 * a if lora.enabled else 4 * p
     if not lora.enabled and b == 2:
         weights += 2 * p  # autocast's bfloat16 copies of the float32 weights
-    optimizer = 8 * trained + (4 * p if t.kl_coef > 0 and not lora.enabled else 0)
+    moments = 4 if t.optimizer_state == "bfloat16" else 8
+    optimizer = moments * trained + (4 * p if t.kl_coef > 0 and not lora.enabled else 0)
     n, m, per_group = g.max_new_tokens, t.micro_batch_size, g.completions_per_task
     prompts = math.ceil(m / per_group) + (1 if m % per_group else 0)
     per_token = ACT_PER_HIDDEN * info.hidden + ACT_PER_MLP * info.intermediate
@@ -635,10 +648,10 @@ def gpu_free_memory(gpus: Sequence[Gpu], build: TorchBuild | None) -> int | None
 
 
 def checkpoint_bytes(info: ModelInfo, cfg: Config) -> int:
-    """One checkpoint: trainable weights and the optimiser's two moments, float32."""
+    """One checkpoint: trainable weights (float32) and the optimiser's two moments."""
     lora = cfg.model.lora
     trained = lora_params(info, lora.r, lora.target_modules) if lora.enabled else info.params
-    return 12 * trained
+    return (8 if cfg.train.optimizer_state == "bfloat16" else 12) * trained
 
 
 def disk_need(info: ModelInfo, cfg: Config, data_dir: Path, model_name: str) -> int:
@@ -909,7 +922,9 @@ def run_checks(cfg: Config, *, no_train: bool = False) -> list[Check]:
         checks.append(check_model(name, info))
         if isinstance(info, ModelInfo):
             device = _resolve_device(cfg.node.device, build)
-            need = memory_need(info, cfg, device)
+            from sapo_node.policy import cpu_has_bf16
+
+            need = memory_need(info, cfg, device, cpu_bf16=device == "cpu" and cpu_has_bf16())
             if device == "cuda":
                 checks.append(check_memory(need.host, available_memory(), "in RAM"))
                 free = gpu_free_memory(gpus, build)

@@ -41,6 +41,7 @@ import torch
 
 from sapo_node import decode, grpo
 from sapo_node.config import TrainSection
+from sapo_node.optim import CompactAdam
 from sapo_node.policy import Policy
 
 log = structlog.get_logger(__name__)
@@ -244,17 +245,26 @@ class Trainer:
         # Log-probs of the distribution that was sampled (grpo.truncated_logits).
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         params = policy.trainable_parameters()
-        opt_cls = torch.optim.AdamW if settings.optimizer == "adamw" else torch.optim.Adam
-        # One fused kernel per parameter on CPU and CUDA: the same update as the default
-        # loop, 3x faster here and without its per-parameter temporaries (docs/benchmarks.md).
-        fused = True if policy.device.type in FUSED_OPTIMIZER_DEVICES else None
-        self.optimizer = opt_cls(
-            params,
-            lr=settings.lr,
-            betas=settings.betas,
-            weight_decay=settings.weight_decay,
-            fused=fused,
-        )
+        if settings.optimizer_state == "bfloat16":
+            self.optimizer: torch.optim.Optimizer = CompactAdam(
+                params,
+                lr=settings.lr,
+                betas=settings.betas,
+                weight_decay=settings.weight_decay,
+                decoupled=settings.optimizer == "adamw",
+            )
+        else:
+            opt_cls = torch.optim.AdamW if settings.optimizer == "adamw" else torch.optim.Adam
+            # One fused kernel per parameter on CPU and CUDA: the same update as the default
+            # loop, 3x faster here and without its per-parameter temporaries.
+            fused = True if policy.device.type in FUSED_OPTIMIZER_DEVICES else None
+            self.optimizer = opt_cls(
+                params,
+                lr=settings.lr,
+                betas=settings.betas,
+                weight_decay=settings.weight_decay,
+                fused=fused,
+            )
         self.params = params
         self.scaler = (
             torch.amp.GradScaler(policy.device.type) if policy.dtype == torch.float16 else None

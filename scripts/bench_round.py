@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -77,14 +78,18 @@ def _default_prompts(args: argparse.Namespace):
     from sapo_node.tasks import build_messages, make_task
 
     lora = {"SAPO_MODEL__LORA__ENABLED": "true"} if getattr(args, "lora", False) else {}
-    cfg = load_config(environ=lora)
+    # SAPO_* variables in the environment change the config, as they do a node's.
+    cfg = load_config(
+        environ={**{k: v for k, v in os.environ.items() if k.startswith("SAPO_")}, **lora}
+    )
     policy = load_policy(
         "embedded",
         device="cpu",
-        dtype="auto",
+        dtype=cfg.model.dtype,
         lora=cfg.model.lora,
         cache_dir=args.data_dir / "models",
-        gradient_checkpointing=getattr(args, "rss_step", None) == "ckpt",
+        gradient_checkpointing=cfg.model.gradient_checkpointing
+        or getattr(args, "rss_step", None) == "ckpt",
     )
     curriculum = Curriculum(cfg.tasks.families, cfg.curriculum)
     tasks = [make_task(r) for r in curriculum.sample(seed=7, round_=0, count=4)]
@@ -421,25 +426,33 @@ def measure_training(args: argparse.Namespace) -> None:
     )
     trainer = Trainer(policy, s, new, cfg.generation.temperature)
     params = trainer.params
+    before = s.model_copy(update={"micro_batch_size": 8})  # the release's default
 
-    start = time.perf_counter()
-    trainer.gradients(samples)
-    t_new = time.perf_counter() - start
-    shared = [p.grad.clone() for p in params]
-    start = time.perf_counter()
-    unshared_backward(policy, samples, s, new)
-    t_old = time.perf_counter() - start
-    print(f"  forward+backward only: old {t_old:.2f} s, new {t_new:.2f} s", flush=True)
+    # Equal gradients: both paths in float32 (the node's own dtype adds its rounding).
+    with _float32(policy):
+        start = time.perf_counter()
+        trainer.gradients(samples)
+        t_new = time.perf_counter() - start
+        shared = [p.grad.clone() for p in params]
+        start = time.perf_counter()
+        unshared_backward(policy, samples, s, new)
+        t_old = time.perf_counter() - start
+    print(f"  forward+backward only, float32: old {t_old:.2f} s, new {t_new:.2f} s", flush=True)
     diff = max(float((a - p.grad).abs().max()) for a, p in zip(shared, params, strict=True))
     scale = max(float(p.grad.abs().max()) for p in params)
     del shared
     print(f"  max abs gradient difference new vs old: {diff:.2e} (largest gradient {scale:.2e})")
+    print(
+        f"  the node computes in {str(policy.dtype).removeprefix('torch.')}, its optimiser: "
+        f"{type(trainer.optimizer).__name__}; old: float32, torch's AdamW loop"
+    )
 
     old_optimizer = previous_optimizer(params, s)
 
     def old_step() -> float:
         start = time.perf_counter()
-        unshared_backward(policy, samples, s, new)
+        with _float32(policy):
+            unshared_backward(policy, samples, before, new)
         torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
         old_optimizer.step()
         old_optimizer.zero_grad(set_to_none=True)

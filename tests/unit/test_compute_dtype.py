@@ -10,6 +10,7 @@ import torch
 
 from sapo_node import policy as policy_module
 from sapo_node.config import GenerationSection, LoraSection, TrainSection
+from sapo_node.optim import CompactAdam
 from sapo_node.policy import cpu_has_bf16, load_policy, select_dtype
 from sapo_node.trainer import Sample, Trainer
 
@@ -118,6 +119,7 @@ def test_a_bf16_training_step_keeps_float32_masters_and_follows_the_float32_grad
             for j, a in enumerate((1.0, -1.0, 0.5, -0.5))
         ]
         trainer = Trainer(policy, settings, max_new_tokens=8)
+        assert isinstance(trainer.optimizer, CompactAdam)  # the default: bfloat16 moments
         loss = trainer.gradients(samples)
         assert torch.isfinite(torch.tensor(loss))
         grads[dtype] = torch.cat([p.grad.flatten() for p in trainer.params])

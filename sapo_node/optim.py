@@ -1,0 +1,142 @@
+"""Adam(W) with its two moments stored in bfloat16: half the optimiser's memory.
+
+AdamW keeps two float32 moments per trained weight: for the embedded model's 135M weights
+1.0 GiB, as much as the weights and their gradients together. ``CompactAdam`` stores them
+in bfloat16 (8 bits of mantissa) and keeps everything else as torch's AdamW does: float32
+master weights, the update computed in float32, bias correction, decoupled weight decay
+(AdamW) or L2 (Adam). Each moment is rounded to bfloat16 *stochastically* (up or down with
+probabilities that make the rounding unbiased): rounded to nearest, a moment that changes
+by less than half a bfloat16 step per update (beta2 = 0.999 moves the second moment by
+0.1% a step, under bfloat16's 0.4% resolution) would never change at all.
+
+Parameters are updated in slices of ``CHUNK`` elements, so the float32 temporaries stay
+small (the embedding matrix alone is 28M elements).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+CHUNK = 1 << 22  # elements per slice: ~16 MiB per float32 temporary
+
+
+def stochastic_round_bf16(
+    x: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """float32 -> bfloat16, rounding up or down with probability proportional to the
+    distance (the expectation is ``x``). Adds uniform noise below bfloat16's last mantissa
+    bit to the float32 bit pattern and truncates: a carry rounds the magnitude up."""
+    bits = x.contiguous().view(torch.int32)
+    noise = torch.randint(
+        0, 1 << 16, bits.shape, dtype=torch.int32, device=x.device, generator=generator
+    )
+    return (bits + noise).bitwise_and_(-65536).view(torch.float32).to(torch.bfloat16)
+
+
+def adam_update_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    step: int,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    generator: torch.Generator | None = None,
+) -> None:
+    """One Adam(W) update of ``param`` in place; ``exp_avg``/``exp_avg_sq`` (bfloat16,
+    same shape) are read and written back. The arithmetic is torch's AdamW's."""
+    beta1, beta2 = betas
+    bias1 = 1 - beta1**step
+    bias2_sqrt = math.sqrt(1 - beta2**step)
+    flat = [t.view(-1) for t in (param, grad, exp_avg, exp_avg_sq)]
+    for p, g, m16, v16 in zip(*(t.split(CHUNK) for t in flat), strict=True):
+        g = g.float()
+        if weight_decay and not decoupled:
+            g = g.add(p, alpha=weight_decay)
+        m = m16.float().lerp_(g, 1 - beta1)
+        v = v16.float().mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        if weight_decay and decoupled:
+            p.mul_(1 - lr * weight_decay)
+        p.addcdiv_(m, v.sqrt().div_(bias2_sqrt).add_(eps), value=-lr / bias1)
+        m16.copy_(stochastic_round_bf16(m, generator))
+        v16.copy_(stochastic_round_bf16(v, generator))
+
+
+class CompactAdam(torch.optim.Optimizer):
+    """Adam(W) with bfloat16 moments (module docstring); float32 parameters only."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled: bool = True,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "decoupled": decoupled,
+        }
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype != torch.float32:
+                    raise ValueError(f"CompactAdam updates float32 parameters, got {p.dtype}")
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 (torch's signature)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("CompactAdam does not take sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                state["step"] += 1
+                adam_update_(
+                    p,
+                    p.grad,
+                    state["exp_avg"],
+                    state["exp_avg_sq"],
+                    step=int(state["step"]),
+                    lr=group["lr"],
+                    betas=group["betas"],
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    decoupled=group["decoupled"],
+                )
+        return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Also takes a float32-moment state (torch's AdamW, an earlier checkpoint): its
+        moments are rounded to bfloat16 (to nearest: once, not every step)."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:  # torch's groups lack ``decoupled``
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state and state[key].dtype != torch.bfloat16:
+                    state[key] = state[key].to(torch.bfloat16)
+            if "step" in state and not isinstance(state["step"], torch.Tensor):
+                state["step"] = torch.tensor(float(state["step"]))
