@@ -50,8 +50,8 @@ end before 64 tokens, peak lower than the formula's worst case: 3025 MiB full (f
 Disk (``disk_need``): a checkpoint holds the trainable weights and the optimiser's two
 moments, 8P bytes (full; 12P with float32 moments) or 8A (LoRA); a node keeps
 ``node.keep_checkpoints`` and writes the next before pruning, so it needs (keep + 1)
-checkpoints, less those already there, plus the embedded model's float32 cache (4P) until it exists, plus the pool's
-``pool.max_mb``.
+checkpoints, less those already there, plus the embedded model's float32 cache (4P)
+until it exists, plus the pool's ``pool.max_mb``.
 """
 
 from __future__ import annotations

@@ -257,7 +257,8 @@ def test_lora_needs_less_than_a_full_fine_tune(tmp_path: Path) -> None:
 # The formula against what was measured on the embedded model (2 cores, torch 2.13 CPU,
 # float32 compute and Adam moments: FLOAT32 below; the module docstring of
 # sapo_node.doctor). Peak RSS of one process: three Trainer steps of 2 prompts of 104
-# tokens x 8 completions of exactly N tokens, micro-batch 8 (``measure_steps`` below; the slow test measures it again).
+# tokens x 8 completions of exactly N tokens, micro-batch 8 (``measure_steps`` below;
+# the slow test measures it again).
 MEASURED_STEPS_MIB = {("full", 64): 4130, ("lora", 64): 2707, ("lora", 32): 2020}
 # The same with model.gradient_checkpointing on (full fine-tuning, N = 64; MEASURE_STEPS
 # with a fourth argument, ckpt).
