@@ -13,7 +13,8 @@ def test_stochastic_rounding_is_unbiased_and_lands_on_a_neighbour() -> None:
     g = torch.Generator().manual_seed(0)
     # Values between two bfloat16 neighbours, both signs, several binades.
     x = torch.tensor([1.0 + 2**-9, -3.0 - 3 * 2**-8, 1e-6 * (1 + 2**-10), 7.0e3 + 1.0])
-    draws = torch.stack([stochastic_round_bf16(x, g).float() for _ in range(20000)])
+    noise = torch.randint(0, 1 << 16, (20000, len(x)), dtype=torch.int32, generator=g)
+    draws = torch.stack([stochastic_round_bf16(x, n).float() for n in noise])
     down = x.to(torch.bfloat16).float()  # nearest; the other neighbour is one step away
     for i in range(len(x)):
         values = set(draws[:, i].tolist())
@@ -32,7 +33,8 @@ def test_rounding_to_nearest_would_freeze_a_slow_moment() -> None:
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
         nearest = (nearest.float() * 0.999 + 0.001 * g2).to(torch.bfloat16)
-        stochastic = stochastic_round_bf16(stochastic.float() * 0.999 + 0.001 * g2, gen)
+        noise = torch.randint(0, 1 << 16, (4096,), dtype=torch.int32, generator=gen)
+        stochastic = stochastic_round_bf16(stochastic.float() * 0.999 + 0.001 * g2, noise)
     expected = 2 - 0.999**200  # 1.181
     assert float(nearest.float().mean()) == 1.0
     assert float(stochastic.float().mean()) == pytest.approx(expected, rel=5e-3)
@@ -66,7 +68,7 @@ def test_it_follows_torch_adam_within_bfloat16_moment_rounding(
         ref.step()
     for a, b, s in zip(ours, theirs, start, strict=True):
         moved = (b.detach() - s).norm()
-        assert float(moved) > 0.1
+        assert float(moved) > 0.05
         # The moments differ by ~0.4% (bfloat16): the updates follow torch's to ~1%.
         assert float((a - b).detach().norm() / moved) < 0.02
         state = opt.state[a]
