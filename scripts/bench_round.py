@@ -3,27 +3,34 @@
 Prints, for the same batch on the same machine, in one process, interleaved:
   1. generation (the default shape: 4 tasks x 8 completions, the real task prompts):
      tokens/s of the node's path (``sapo_node.decode``: each prompt prefilled once, its
-     cache shared by its completions, a lean decode loop) against plain
-     ``model.generate`` on every row left-padded (the node's path before issue 10), with
-     64 new tokens forced (EOS suppressed) so both make the same tokens; the fp32 GEMM
-     bound of the model's weight matrices at that batch, measured in the same run (the
-     tokens/s if a decode step cost only its weight GEMMs); useful tokens/s of both at
-     natural lengths (rows stop at EOS); prefill one prompt at a time against one
-     left-padded batch; with ``--profile-step``, where a decode step's time goes.
+     cache shared by its completions, a lean decode loop, on the weights' copy in the
+     compute dtype, ``Policy.compute_weights``) against plain ``model.generate`` on every
+     row left-padded in float32 (the node's path before issue 10) and, where the node
+     computes in bfloat16, plain ``model.generate`` on the same bfloat16 copy (what the
+     dtype alone gives); 64 new tokens forced (EOS suppressed) so all make the same
+     tokens; the GEMM bound of the model's weight matrices at that batch in float32 and
+     in the compute dtype, measured in the same run (the tokens/s if a decode step cost
+     only its weight GEMMs); useful tokens/s of the node's path and of plain float32
+     generate at natural lengths (rows stop at EOS); prefill one prompt at a time against
+     one left-padded batch; with ``--profile-step``, where a decode step's time goes.
   2. a few real rounds of a Node: the share of wall time per round spent
      outside generate/score/train, and the peak RSS.
-  3. training: seconds per training step (forward, backward, clip, AdamW step) of the
-     node's path (one row per prompt and its completions, a block attention mask; the
-     fused AdamW kernel), the same with gradient checkpointing, vs the previous step
-     (each row carrying its prompt, tests/support/unshared.py; torch's default AdamW
-     loop) on the same samples,
-     interleaved, and the max abs difference of their gradients.
+  3. training: seconds per training step (forward, backward, clip, optimiser step) of the
+     node's path (one row per prompt and its completions, a block attention mask, the
+     config's dtype, optimiser and micro-batch size), the same with gradient
+     checkpointing toggled, vs the previous step (each row carrying its prompt,
+     tests/support/unshared.py, in float32, micro-batches of 8; torch's default AdamW
+     loop) on the same samples, interleaved, and the max abs difference of their
+     gradients (both in float32).
      ``--rss-step new|ckpt|old`` instead runs two training steps alone (the second is the
-     first with AdamW's state) and prints the peak RSS after each; ``ckpt``: the node's
-     path with gradient checkpointing. Run it in a fresh process per path.
+     first with the optimiser's state) and prints the peak RSS after each; ``ckpt``: the
+     node's path with gradient checkpointing. Run it in a fresh process per path.
+
+SAPO_* environment variables change the config as they do a node's (e.g.
+SAPO_TRAIN__MICRO_BATCH_SIZE=8 SAPO_MODEL__GRADIENT_CHECKPOINTING=false).
 
 Usage: python scripts/bench_round.py [--data-dir DIR] [--rounds 3] [--repeats 2]
-       [--profile-step] [--skip-rounds]
+       [--profile-step] [--skip-rounds] [--model DIR]
        python scripts/bench_round.py --training-only [--repeats 3]
        python scripts/bench_round.py --rss-step new [--lora]
 """
@@ -45,6 +52,9 @@ import torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "sapo-bench")
+    parser.add_argument(
+        "--model", default="embedded", help="Another model directory (the tests' tiny model)."
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
@@ -83,7 +93,7 @@ def _default_prompts(args: argparse.Namespace):
         environ={**{k: v for k, v in os.environ.items() if k.startswith("SAPO_")}, **lora}
     )
     policy = load_policy(
-        "embedded",
+        args.model,
         device="cpu",
         dtype=cfg.model.dtype,
         lora=cfg.model.lora,
@@ -334,15 +344,17 @@ def measure_rounds(args: argparse.Namespace) -> None:
     run_dir = args.data_dir / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    shutil.copytree(args.data_dir / "models", run_dir / "models")
+    if (args.data_dir / "models").is_dir():
+        shutil.copytree(args.data_dir / "models", run_dir / "models")
     node_cfg = load_config(
         overrides={
+            "model": {"name": args.model},
             "node": {
                 "data_dir": str(run_dir),
                 "rounds": args.rounds,
                 "seed": 7,
                 "checkpoint_every": 1000,
-            }
+            },
         },
         environ={},
     )
@@ -393,7 +405,8 @@ def _training_setup(args: argparse.Namespace):
         adv = grpo.group_advantages(rewards)[0].tolist()
         for a in adv:
             length = int(torch.randint(18, 43, (1,), generator=g))
-            ids = torch.randint(100, policy.tokenizer.vocab_size, (length,), generator=g)
+            vocab = policy.tokenizer.vocab_size  # ordinary tokens: past the first 100
+            ids = torch.randint(min(100, vocab // 2), vocab, (length,), generator=g)
             samples.append(Sample(prompt, ids.tolist(), a))
     return cfg, policy, samples
 
@@ -429,7 +442,7 @@ def measure_training(args: argparse.Namespace) -> None:
     before = s.model_copy(update={"micro_batch_size": 8})  # the release's default
 
     # Equal gradients: both paths in float32 (the node's own dtype adds its rounding).
-    with _float32(policy):
+    with _float32(policy), _checkpointing(policy.model, False):
         start = time.perf_counter()
         trainer.gradients(samples)
         t_new = time.perf_counter() - start
@@ -451,7 +464,7 @@ def measure_training(args: argparse.Namespace) -> None:
 
     def old_step() -> float:
         start = time.perf_counter()
-        with _float32(policy):
+        with _float32(policy), _checkpointing(policy.model, False):
             unshared_backward(policy, samples, before, new)
         torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
         old_optimizer.step()
@@ -463,41 +476,61 @@ def measure_training(args: argparse.Namespace) -> None:
         trainer.step(samples)
         return time.perf_counter() - start
 
-    def checkpointed_step() -> float:
-        policy.model.gradient_checkpointing_enable()
-        try:
-            return new_step()
-        finally:
-            policy.model.gradient_checkpointing_disable()
+    ckpt = bool(policy.model.is_gradient_checkpointing)
+    other = "without" if ckpt else "with"
 
-    times: dict[str, list[float]] = {"old": [], "new": [], "ckpt": []}
+    def toggled_step() -> float:
+        with _checkpointing(policy.model, not ckpt):
+            return new_step()
+
+    print(f"  new: micro_batch_size {s.micro_batch_size}, gradient checkpointing {ckpt}")
+    times: dict[str, list[float]] = {"old": [], "new": [], "toggled": []}
     for _ in range(args.repeats):  # interleaved, best of N: the machine is noisy
         times["old"].append(old_step())
         times["new"].append(new_step())
-        times["ckpt"].append(checkpointed_step())
+        times["toggled"].append(toggled_step())
         print(
             f"  step: old {times['old'][-1]:.2f} s, new {times['new'][-1]:.2f} s, "
-            f"new with gradient checkpointing {times['ckpt'][-1]:.2f} s",
+            f"new {other} gradient checkpointing {times['toggled'][-1]:.2f} s",
             flush=True,
         )
     best = {k: min(v) for k, v in times.items()}
     print(
         f"  s/step: old (unshared) {best['old']:.2f}, new (shared prompts) {best['new']:.2f}, "
-        f"ratio {best['old'] / best['new']:.2f}x; with gradient checkpointing "
-        f"{best['ckpt']:.2f} ({best['ckpt'] / best['new']:.2f}x new)   (all: {times})"
+        f"ratio {best['old'] / best['new']:.2f}x; {other} gradient checkpointing "
+        f"{best['toggled']:.2f} ({best['toggled'] / best['new']:.2f}x new)   (all: {times})"
     )
 
-    # The optimiser step alone, on the same gradients: the previous loop vs the fused kernel.
+    # The optimiser step alone, on the same gradients: the previous loop, the node's
+    # optimiser, and torch's fused kernel (the node's with float32 moments).
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    steps: dict[str, list[float]] = {"loop": [], "fused": []}
+    fused = torch.optim.AdamW(params, lr=s.lr, betas=s.betas, fused=True)
+    optimizers = {"loop": old_optimizer, "node": trainer.optimizer, "fused": fused}
+    steps: dict[str, list[float]] = {k: [] for k in optimizers}
     for _ in range(3):
-        for name, optimizer in (("loop", old_optimizer), ("fused", trainer.optimizer)):
+        for name, optimizer in optimizers.items():
             start = time.perf_counter()
             optimizer.step()
             steps[name].append(time.perf_counter() - start)
-    loop, fused = min(steps["loop"]), min(steps["fused"])
-    print(f"  AdamW step alone: loop {loop:.3f} s, fused {fused:.3f} s, ratio {loop / fused:.2f}x")
+    print(
+        "  optimiser step alone: "
+        + ", ".join(f"{k} {min(v):.3f} s" for k, v in steps.items())
+        + f" (the node's: {type(trainer.optimizer).__name__})"
+    )
+
+
+@contextlib.contextmanager
+def _checkpointing(model, on: bool):
+    """Gradient checkpointing on or off for the block, as it was after."""
+    was = bool(model.is_gradient_checkpointing)
+    if on != was:
+        model.gradient_checkpointing_enable() if on else model.gradient_checkpointing_disable()
+    try:
+        yield
+    finally:
+        if on != was:
+            model.gradient_checkpointing_enable() if was else model.gradient_checkpointing_disable()
 
 
 def measure_training_rss(args: argparse.Namespace) -> None:
