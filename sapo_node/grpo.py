@@ -172,9 +172,9 @@ def token_logprobs(
     ``p`` is the sampled distribution: ``truncated_logits`` (temperature, top-k, top-p).
     Computed one row at a time, so at most one [T, V] temporary exists at once (no second
     [B, T, V] log-softmax). Half-precision logits are upcast per row; the result is float32
-    for them, else their dtype. Under autograd, a scaled/upcast row copy is still kept for
-    backward (temperature != 1, truncation or half precision); at temperature 1 in float32
-    without truncation nothing [B, T, V]-sized is added.
+    for them, else their dtype. Without truncation (the default sampling) nothing
+    [T, V]-sized is kept for backward but the logits themselves (``_TargetLogProb``
+    recomputes the softmax there); with truncation a scaled/upcast row copy is kept.
     """
     if logits.ndim != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
@@ -187,12 +187,48 @@ def token_logprobs(
     if logits.shape[0] == 0:
         return logits.new_zeros(targets.shape, dtype=torch.float32 if half else logits.dtype)
     rows = []
+    truncated = 0 < top_k < logits.shape[-1] or top_p < 1.0
     for row_logits, row_targets in zip(logits, targets, strict=True):
+        if not truncated:
+            rows.append(_TargetLogProb.apply(row_logits, row_targets.long(), temperature))
+            continue
         x = row_logits.float() if half else row_logits
         x = truncated_logits(x, temperature, top_k=top_k, top_p=top_p, keep=row_targets)
         picked = x.gather(-1, row_targets.long().unsqueeze(-1)).squeeze(-1)
         rows.append(picked - torch.logsumexp(x, dim=-1))
     return torch.stack(rows)
+
+
+def _upcast(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+class _TargetLogProb(torch.autograd.Function):
+    """x [n, V], targets [n], temperature -> log softmax(x / T)[target] [n], computed in
+    float32 for half-precision ``x`` (else in its dtype). Saves only ``x`` (the caller's
+    tensor, no copy) and the log-normaliser for backward, which recomputes the softmax:
+    d/dx = (onehot(target) - p) / T.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, targets: Tensor, temperature: float) -> Tensor:
+        xf = _upcast(x) / temperature if temperature != 1.0 else _upcast(x)
+        lse = torch.logsumexp(xf, dim=-1)
+        picked = xf.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(x, targets, lse)
+        ctx.temperature = temperature
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        x, targets, lse = ctx.saved_tensors
+        t = ctx.temperature
+        xf = _upcast(x) / t if t != 1.0 else _upcast(x)
+        grad_x = (xf - lse.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # new tensor
+        grad_x.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
+        if t != 1.0:
+            grad_x.div_(t)
+        return grad_x.to(x.dtype), None, None
 
 
 @torch.no_grad()

@@ -509,3 +509,25 @@ def test_a_truncated_target_keeps_a_finite_log_prob() -> None:
     assert torch.isfinite(logp).all()
     logp.sum().backward()
     assert torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_untruncated_logprobs_keep_the_reference_gradient(dtype, temperature: float) -> None:
+    """The default sampling's log-probs (no truncation: the softmax is recomputed in
+    backward) against autograd through a plain log-softmax, values and gradients."""
+    torch.manual_seed(0)
+    base = torch.randn(3, 5, 50) * 3
+    targets = torch.randint(0, 50, (3, 5))
+    weights = torch.randn(3, 5)
+    ours = base.to(dtype).requires_grad_(True)
+    (grpo.token_logprobs(ours, targets, temperature) * weights).sum().backward()
+    ref = base.to(dtype).float().requires_grad_(True)
+    expected = torch.log_softmax(ref / temperature, -1).gather(-1, targets[..., None])[..., 0]
+    (expected * weights).sum().backward()
+    got = grpo.token_logprobs(ours.detach(), targets, temperature)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected.detach(), rtol=1e-5, atol=1e-5)
+    assert ours.grad.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(ours.grad.float(), ref.grad, rtol=tol, atol=tol)
