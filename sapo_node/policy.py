@@ -190,7 +190,9 @@ def load_policy(
     )
     model.to(dev)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # transformers 5 renamed it (the old name warns); earlier releases have only it.
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
         model.config.use_cache = False
     if lora.enabled:
         from peft import LoraConfig, get_peft_model

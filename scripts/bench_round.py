@@ -476,7 +476,7 @@ def measure_training(args: argparse.Namespace) -> None:
         trainer.step(samples)
         return time.perf_counter() - start
 
-    ckpt = bool(policy.model.is_gradient_checkpointing)
+    ckpt = _is_checkpointing(policy.model)
     other = "without" if ckpt else "with"
 
     def toggled_step() -> float:
@@ -520,17 +520,31 @@ def measure_training(args: argparse.Namespace) -> None:
     )
 
 
+def _is_checkpointing(model) -> bool:
+    if hasattr(model, "is_activation_checkpointing"):  # transformers 5's name
+        return bool(model.is_activation_checkpointing)
+    return bool(model.is_gradient_checkpointing)
+
+
 @contextlib.contextmanager
 def _checkpointing(model, on: bool):
     """Gradient checkpointing on or off for the block, as it was after."""
-    was = bool(model.is_gradient_checkpointing)
+    was = _is_checkpointing(model)
+
+    def turn(state: bool) -> None:
+        verb = "enable" if state else "disable"
+        for name in (f"activation_checkpointing_{verb}", f"gradient_checkpointing_{verb}"):
+            if hasattr(model, name):  # transformers 5 renamed it; 4.x has the old name only
+                getattr(model, name)()
+                return
+
     if on != was:
-        model.gradient_checkpointing_enable() if on else model.gradient_checkpointing_disable()
+        turn(on)
     try:
         yield
     finally:
         if on != was:
-            model.gradient_checkpointing_enable() if was else model.gradient_checkpointing_disable()
+            turn(was)
 
 
 def measure_training_rss(args: argparse.Namespace) -> None:
