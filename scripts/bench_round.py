@@ -224,7 +224,8 @@ def measure_generation(args: argparse.Namespace) -> None:
     )
     _measure_prefill(model, prompts, args.repeats)
     if args.profile_step:
-        _profile_decode_step(model, prompts, n)
+        with torch.inference_mode(), policy.compute_weights():  # the node's weights
+            _profile_decode_step(model, prompts, n)
 
 
 def _weight_matrices(model) -> list[torch.Tensor]:
