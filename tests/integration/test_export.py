@@ -29,12 +29,13 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def _trained_node(model_dir: Path, data_dir: Path, *, lora: bool) -> Node:
-    """A node run for 2 rounds the way ``sapo-node start`` runs it (checkpoint each)."""
+    """A node run for 2 rounds the way ``sapo-node start`` runs it (checkpoint each),
+    computing in float32 as the export does, so that their logits can be equal."""
     overrides = sevens_overrides(
         model_dir,
         data_dir,
         node={"rounds": 2, "checkpoint_every": 1},
-        model={"lora": {"enabled": lora, "r": 4, "alpha": 8.0}},
+        model={"dtype": "float32", "lora": {"enabled": lora, "r": 4, "alpha": 8.0}},
         train={"lr": 3e-2, "local_groups": 2, "external_groups": 0},
     )
     node = Node(load_config(overrides=overrides, environ={}))
@@ -268,7 +269,7 @@ def test_a_model_cached_from_gguf_exports_as_a_plain_one(
     lora = kind != "model"
     section = LoraSection(enabled=lora, r=4, alpha=8.0)
     policy = load_policy(
-        str(model_dir), device="cpu", dtype="auto", lora=section, cache_dir=tmp_path
+        str(model_dir), device="cpu", dtype="float32", lora=section, cache_dir=tmp_path
     )
     assert type(getattr(policy.model, "hf_quantizer", None)).__name__ == "GgufHfQuantizer" or lora
     torch.manual_seed(1)
