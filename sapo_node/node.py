@@ -181,6 +181,33 @@ class Timer:
             self.progress.leave(name, spent)
 
 
+MMAP_THRESHOLD = 1 << 20
+
+
+def _fix_mmap_threshold() -> None:
+    """glibc: allocations of 1 MiB and more get their own mapping, given back on free.
+
+    By default glibc raises this threshold (up to 32 MiB) each time such a block is freed,
+    after which tensors of a few MiB come from the heap; rounds that allocate and free
+    them in changing sizes then raise the resident size round after round. Setting the
+    threshold stops the adjustment. Elsewhere (musl, macOS) nothing is done.
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_mmap_threshold = -3  # malloc.h
+    if mallopt(m_mmap_threshold, MMAP_THRESHOLD) != 1:
+        log.debug("mallopt refused", threshold=MMAP_THRESHOLD)
+
+
 class Node:
     """A node: policy, tasks, scorer, trainer, pool and state, driven round by round."""
 
@@ -199,6 +226,7 @@ class Node:
         self.seed = _node_seed(self.data_dir, config.node.seed)
         if config.node.threads:
             torch.set_num_threads(config.node.threads)
+        _fix_mmap_threshold()
         m = config.model
         self.policy: Policy = load_policy(
             m.name,

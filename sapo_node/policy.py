@@ -266,17 +266,26 @@ class Policy:
         """For generation: the float32 parameters replaced by copies in the compute dtype
         (one more copy of the weights at half size while it lasts), restored on exit.
 
-        Autocast alone would cast every weight again at each decode step. Under
-        ``inference_mode`` the copies take no autograd state; the masters are untouched.
+        Autocast alone would cast every weight again at each decode step. The copies are
+        views of one buffer: one allocation, given back whole (hundreds of mid-sized
+        ones, made and freed every round, fragment the heap). Under ``inference_mode``
+        they take no autograd state; the masters are untouched.
         """
         if self.dtype == torch.float32:
             yield
             return
         params = [p for p in self.model.parameters() if p.dtype == torch.float32]
         masters = [p.data for p in params]
+        align = 32  # elements: each view starts on a 64-byte boundary
+        sizes = [-(-p.numel() // align) * align for p in params]
+        flat = torch.empty(sum(sizes), dtype=self.dtype, device=self.device)
         try:
-            for p in params:
-                p.data = p.data.to(self.dtype)
+            offset = 0
+            for p, size in zip(params, sizes, strict=True):
+                view = flat[offset : offset + p.numel()].view(p.shape)
+                view.copy_(p.data)
+                p.data = view
+                offset += size
             yield
         finally:
             for p, master in zip(params, masters, strict=True):
