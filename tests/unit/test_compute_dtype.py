@@ -86,7 +86,11 @@ def test_generation_runs_on_half_weights_and_leaves_the_masters_as_they_were(
 def test_the_masters_come_back_when_generation_fails(tiny_model_dir: Path) -> None:
     policy = _policy(tiny_model_dir, "bfloat16")
     with pytest.raises(RuntimeError, match="stop"), policy.compute_weights():
-        assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
+        params = list(policy.model.parameters())
+        assert {p.dtype for p in params} == {torch.bfloat16}
+        # one buffer for all the copies, each view 64-byte aligned
+        assert len({p.untyped_storage().data_ptr() for p in params}) == 1
+        assert all(p.data_ptr() % 64 == 0 for p in params)
         raise RuntimeError("stop")
     assert {p.dtype for p in policy.model.parameters()} == {torch.float32}
 
