@@ -181,22 +181,27 @@ class Timer:
             self.progress.leave(name, spent)
 
 
-MMAP_THRESHOLD = 1 << 20
+MMAP_THRESHOLD = 128 << 10  # glibc's initial value, kept
 
 
 def _fix_mmap_threshold() -> None:
-    """glibc: allocations of 1 MiB and more get their own mapping, given back on free.
+    """glibc: allocations of 128 KiB and more get their own mapping, given back on free.
 
     By default glibc raises this threshold (up to 32 MiB) each time such a block is freed,
-    after which tensors of a few MiB come from the heap; rounds that allocate and free
-    them in changing sizes then raise the resident size round after round. Setting the
-    threshold stops the adjustment. Elsewhere (musl, macOS) nothing is done.
+    after which tensors of up to 32 MiB come from the heap. A round allocates and frees
+    tensors of changing sizes among long-lived ones (gradients, the optimiser's state,
+    oneDNN's kernels); in the heap their freed space is kept but rarely fits the next
+    round's tensors, and the resident size rose round after round (with a 1 MiB threshold,
+    100 MiB of free heap after a few training steps, still growing; docs/benchmarks.md).
+    Fixing the threshold at its initial value stops the adjustment. glibc's own
+    ``MALLOC_MMAP_THRESHOLD_`` variable, if set, wins. Elsewhere (musl, macOS) nothing is
+    done.
     """
     import ctypes
     import ctypes.util
     import sys
 
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
