@@ -3,12 +3,12 @@
 ``sample`` is what ``Policy.generate`` runs. For a chunk of prompts (at most
 ``max_batch_sequences`` completions, prompts of similar length together):
 
-1. **Prefill once per prompt.** Each distinct prompt runs through the model alone (batch 1,
-   no padding), and its keys and values are written into a cache preallocated for all
-   of the chunk's rows: the prompt's L completions share one forward pass (nanochat's
-   engine does the same by cloning its cache). Rows are left-aligned to the longest
-   prompt; the attention mask hides the gap and position ids count from each row's own
-   first token, so a row sees exactly what it would see alone.
+1. **Prefill once per prompt.** The distinct prompts run through the model as one
+   left-padded batch, and each prompt's keys and values are copied into a cache
+   preallocated for all of the chunk's rows: the prompt's L completions share one
+   forward pass (nanochat's engine does the same by cloning its cache). Rows are
+   left-aligned to the longest prompt; the attention mask hides the gap and position ids
+   count from each row's own first token, so a row sees exactly what it would see alone.
 2. **Decode.** One token per active row per step: ``model(..., cache=...)`` on the last
    tokens, then sampling (temperature, then top-k, then top-p, as transformers' sampling
    does). The cache is preallocated (`_PreallocatedLayer`): a step writes one column
@@ -194,39 +194,44 @@ def _sample_chunk(
     row_prompt = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(counts))
     lengths = torch.tensor([len(prompts[i]) for i in row_prompt.tolist()])
 
-    # 1. Prefill each distinct prompt once, straight into the rows' preallocated cache.
-    first_logits = []
-    buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    # 1. Prefill the distinct prompts once, as one left-padded batch, and copy each
+    # prompt's keys and values into its rows of the preallocated cache (the padding's
+    # columns stay zero, hidden by the mask).
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    prompt_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, width - len(prompt) :] = torch.tensor(prompt)
+        prompt_mask[i, width - len(prompt) :] = 1
+    with autocast():
+        res = model(
+            input_ids=ids.to(device),
+            attention_mask=prompt_mask.to(device),
+            position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0).to(device),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    prefilled = res.cache if hasattr(res, "cache") else res.past_key_values
+    buffers = [
+        (
+            layer.keys.new_zeros((rows, layer.keys.shape[1], capacity, layer.keys.shape[3])),
+            layer.values.new_zeros((rows, layer.values.shape[1], capacity, layer.values.shape[3])),
+        )
+        for layer in prefilled.layers
+    ]
     start = 0
-    for prompt, count in zip(prompts, counts, strict=True):
-        ids = torch.tensor([prompt], device=device)
-        with autocast():
-            res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        cache = res.cache if hasattr(res, "cache") else res.past_key_values
-        if buffers is None:
-            buffers = [
-                (
-                    layer.keys.new_zeros(
-                        (rows, layer.keys.shape[1], capacity, layer.keys.shape[3])
-                    ),
-                    layer.values.new_zeros(
-                        (rows, layer.values.shape[1], capacity, layer.values.shape[3])
-                    ),
-                )
-                for layer in cache.layers
-            ]
+    for i, (prompt, count) in enumerate(zip(prompts, counts, strict=True)):
         offset = width - len(prompt)
-        for (kb, vb), layer in zip(buffers, cache.layers, strict=True):
-            kb[start : start + count, :, offset:width] = layer.keys
-            vb[start : start + count, :, offset:width] = layer.values
-        first_logits.append(res.logits[:, -1].float().expand(count, -1))
+        for (kb, vb), layer in zip(buffers, prefilled.layers, strict=True):
+            kb[start : start + count, :, offset:width] = layer.keys[i, :, offset:width]
+            vb[start : start + count, :, offset:width] = layer.values[i, :, offset:width]
         start += count
-    assert buffers is not None
+    del prefilled
     cache = Cache(layers=[_PreallocatedLayer(b, width) for b in buffers])
     mask = torch.zeros((rows, capacity), dtype=torch.long, device=device)
     mask[:, :width] = (torch.arange(width) >= (width - lengths)[:, None]).to(device)  # prompts
     position = lengths.to(device)  # the next token's position, per row
-    logits = torch.cat(first_logits)
+    logits = res.logits[:, -1].float().index_select(0, row_prompt.to(device))
+    del res
 
     # 2. Decode: sample, append, drop finished rows.
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
