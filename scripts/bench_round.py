@@ -25,6 +25,11 @@ Prints, for the same batch on the same machine, in one process, interleaved:
      ``--rss-step new|ckpt|old`` instead runs two training steps alone (the second is the
      first with the optimiser's state) and prints the peak RSS after each; ``ckpt``: the
      node's path with gradient checkpointing. Run it in a fresh process per path.
+     ``--heap-steps N`` instead runs N training steps of changing shapes (8-32 of the
+     samples, completions cut to 5-64 tokens, a fixed random sequence) and prints after
+     each: seconds, resident and peak RSS, and glibc's heap (in use, free but kept). Set
+     ``MALLOC_MMAP_THRESHOLD_`` to compare allocator settings (the node's own is 128 KiB,
+     ``sapo_node.node._fix_mmap_threshold``).
 
 SAPO_* environment variables change the config as they do a node's (e.g.
 SAPO_TRAIN__MICRO_BATCH_SIZE=8 SAPO_MODEL__GRADIENT_CHECKPOINTING=false).
@@ -33,6 +38,7 @@ Usage: python scripts/bench_round.py [--data-dir DIR] [--rounds 3] [--repeats 2]
        [--profile-step] [--skip-rounds] [--model DIR]
        python scripts/bench_round.py --training-only [--repeats 3]
        python scripts/bench_round.py --rss-step new [--lora]
+       [MALLOC_MMAP_THRESHOLD_=BYTES] python scripts/bench_round.py --heap-steps 10
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ def main() -> None:
     parser.add_argument("--training-only", action="store_true")
     parser.add_argument("--rss-step", choices=["new", "ckpt", "old"])
     parser.add_argument("--lora", action="store_true", help="With --rss-step: LoRA on.")
+    parser.add_argument("--heap-steps", type=int, help="Training steps of changing shapes.")
     args = parser.parse_args()
 
     from sapo_node.logs import configure_logging
@@ -71,6 +78,9 @@ def main() -> None:
     configure_logging()
     if args.rss_step:
         measure_training_rss(args)
+        return
+    if args.heap_steps:
+        measure_heap(args)
         return
     if not args.training_only:
         measure_generation(args)
@@ -572,6 +582,79 @@ def measure_training_rss(args: argparse.Namespace) -> None:
         f"{args.rss_step}: peak RSS after loading {peaks[0]:.0f} MiB, after step 1 "
         f"{peaks[1]:.0f} MiB, after step 2 {peaks[2]:.0f} MiB"
     )
+
+
+def measure_heap(args: argparse.Namespace) -> None:
+    """Training steps of changing shapes, as a node's rounds are: does memory settle?"""
+    import random
+    import resource
+
+    from sapo_node.node import _fix_mmap_threshold
+    from sapo_node.trainer import Sample, Trainer
+
+    _fix_mmap_threshold()  # what a node does, unless MALLOC_MMAP_THRESHOLD_ is set
+    cfg, policy, samples = _training_setup(args)
+    trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
+    rng = random.Random(0)
+    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "the node's")
+    print(f"heap: {args.heap_steps} steps, mmap threshold {threshold}")
+    for step in range(args.heap_steps):
+        batch = [
+            Sample(x.prompt_ids, (x.completion_ids * 3)[: rng.randint(5, 64)], x.advantage)
+            for x in samples[: rng.choice([8, 16, 24, 32])]
+        ]
+        start = time.perf_counter()
+        trainer.step(batch)
+        seconds = time.perf_counter() - start
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        heap = _glibc_heap()
+        print(
+            f"  step {step}: {len(batch)} sequences, {seconds:.1f} s, RSS {_rss_mb():.0f} MiB, "
+            f"peak {peak:.0f} MiB"
+            + (f", heap in use {heap[0]:.0f} MiB, free {heap[1]:.0f} MiB" if heap else ""),
+            flush=True,
+        )
+
+
+def _rss_mb() -> float:
+    """The resident size now (Linux), else the peak."""
+    import resource
+
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _glibc_heap() -> tuple[float, float] | None:
+    """glibc's main heap (MiB): in use, free but kept (``mallinfo2``); None elsewhere."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in [
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            ]
+        ]
+
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return info.uordblks / 2**20, info.fordblks / 2**20
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""scripts/bench_round.py still runs (generation, training, the RSS step) on the tiny model."""
+"""scripts/bench_round.py still runs (generation, training, the RSS and heap steps) on the
+tiny model."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--skip-rounds"], ["forced lengths", "ratio node/plain (float32)", "natural lengths"]),
         (["--training-only"], ["max abs gradient difference", "s/step: old", "optimiser step"]),
         (["--rss-step", "new"], ["new: peak RSS after loading"]),
+        (["--heap-steps", "2"], ["step 1:", "peak"]),
     ],
 )
 def test_the_round_benchmark_runs(
