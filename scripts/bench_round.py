@@ -29,7 +29,10 @@ Prints, for the same batch on the same machine, in one process, interleaved:
      samples, completions cut to 5-64 tokens, a fixed random sequence) and prints after
      each: seconds, resident and peak RSS, and glibc's heap (in use, free but kept). Set
      ``MALLOC_MMAP_THRESHOLD_`` to compare allocator settings (the node's own is 128 KiB,
-     ``sapo_node.node._fix_mmap_threshold``).
+     ``sapo_node.node._fix_mmap_threshold``). With ``--compare-threshold BYTES`` each
+     step is instead a generation of the default shape (same seed) and a training step,
+     run once with the node's threshold and once with BYTES, in alternating order, and
+     the seconds of each are printed (speed only: both share one heap).
 
 SAPO_* environment variables change the config as they do a node's (e.g.
 SAPO_TRAIN__MICRO_BATCH_SIZE=8 SAPO_MODEL__GRADIENT_CHECKPOINTING=false).
@@ -71,6 +74,9 @@ def main() -> None:
     parser.add_argument("--rss-step", choices=["new", "ckpt", "old"])
     parser.add_argument("--lora", action="store_true", help="With --rss-step: LoRA on.")
     parser.add_argument("--heap-steps", type=int, help="Training steps of changing shapes.")
+    parser.add_argument(
+        "--compare-threshold", type=int, help="With --heap-steps: time this mmap threshold."
+    )
     args = parser.parse_args()
 
     from sapo_node.logs import configure_logging
@@ -596,13 +602,19 @@ def measure_heap(args: argparse.Namespace) -> None:
     cfg, policy, samples = _training_setup(args)
     trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
     rng = random.Random(0)
-    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "the node's")
-    print(f"heap: {args.heap_steps} steps, mmap threshold {threshold}")
-    for step in range(args.heap_steps):
-        batch = [
+    batches = [
+        [
             Sample(x.prompt_ids, (x.completion_ids * 3)[: rng.randint(5, 64)], x.advantage)
             for x in samples[: rng.choice([8, 16, 24, 32])]
         ]
+        for _ in range(args.heap_steps)
+    ]
+    if args.compare_threshold:
+        _compare_thresholds(args, cfg, policy, trainer, batches)
+        return
+    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "the node's")
+    print(f"heap: {args.heap_steps} steps, mmap threshold {threshold}")
+    for step, batch in enumerate(batches):
         start = time.perf_counter()
         trainer.step(batch)
         seconds = time.perf_counter() - start
@@ -614,6 +626,41 @@ def measure_heap(args: argparse.Namespace) -> None:
             + (f", heap in use {heap[0]:.0f} MiB, free {heap[1]:.0f} MiB" if heap else ""),
             flush=True,
         )
+
+
+def _compare_thresholds(args, cfg, policy, trainer, batches) -> None:
+    """Seconds of generation + training under two mmap thresholds, interleaved."""
+    import ctypes
+
+    from sapo_node.node import MMAP_THRESHOLD
+
+    mallopt = ctypes.CDLL("libc.so.6").mallopt
+    _, _, prompts = _default_prompts(args)
+    gen = cfg.generation
+    totals = {MMAP_THRESHOLD: [0.0, 0.0], args.compare_threshold: [0.0, 0.0]}
+    print(f"heap: mmap threshold {MMAP_THRESHOLD} (the node's) vs {args.compare_threshold}")
+    for step, batch in enumerate(batches):
+        order = list(totals) if step % 2 == 0 else list(totals)[::-1]
+        for threshold in order:
+            mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+            torch.manual_seed(step)  # the same completions under both
+            start = time.perf_counter()
+            made = policy.generate(prompts, gen, n=gen.completions_per_task).new_tokens
+            middle = time.perf_counter()
+            trainer.step(batch)
+            end = time.perf_counter()
+            totals[threshold][0] += middle - start
+            totals[threshold][1] += end - middle
+            print(
+                f"  step {step}, threshold {threshold}: generate {made} tokens "
+                f"{middle - start:.1f} s, train {len(batch)} sequences {end - middle:.1f} s",
+                flush=True,
+            )
+    (g1, t1), (g2, t2) = totals.values()
+    print(
+        f"  total: generate {g1:.1f} vs {g2:.1f} s ({g2 / g1:.3f}x), "
+        f"train {t1:.1f} vs {t2:.1f} s ({t2 / t1:.3f}x)"
+    )
 
 
 def _rss_mb() -> float:

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--training-only"], ["max abs gradient difference", "s/step: old", "optimiser step"]),
         (["--rss-step", "new"], ["new: peak RSS after loading"]),
         (["--heap-steps", "2"], ["step 1:", "peak"]),
+        (["--heap-steps", "2", "--compare-threshold", "1048576"], ["total: generate"]),
     ],
 )
 def test_the_round_benchmark_runs(
