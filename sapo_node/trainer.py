@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import structlog
 import torch
+import torch.utils.checkpoint
 
 from sapo_node import decode, grpo
 from sapo_node.config import TrainSection
@@ -191,6 +192,13 @@ FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")  # where torch has fused Adam(W) kerne
 # group's completions, and the entropy's [positions, vocabulary] temporaries (four of
 # them) would otherwise reach 0.4 GB at 8 x 64 tokens.
 POSITIONS_PER_CALL = 64
+# Model types whose causal-LM forward is ``lm_head(decoder(...).last_hidden_state)`` with
+# nothing after the head (no soft-capping, no scaling). For them the trainer runs the
+# decoder and applies the head a chunk of positions at a time: the [rows, positions,
+# vocabulary] logits of a micro-batch (0.2 GB in float32 at 4 x 250 positions of a
+# 49,152-token vocabulary) and their gradient never exist at once. Others: the model's
+# own forward and its logits.
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def shared_attention(model: torch.nn.Module) -> str | None:
@@ -205,17 +213,19 @@ def shared_attention(model: torch.nn.Module) -> str | None:
 
 def _per_token(
     mb: Packed,
-    logits: torch.Tensor,
+    states: torch.Tensor,
     fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
-    """``fn(logits [n, t, V], targets [n, t]) -> [n, t]`` applied to every completion
-    token: [B, C], padding where ``mb.mask`` is 0. The first tokens come from their row's
-    last prompt position, the others from where ``mb.index`` puts them."""
-    dev = logits.device
+    """``fn(states [n, t, ...], targets [n, t]) -> [n, t, ...]`` applied to every completion
+    token: [B, C, ...], padding where ``mb.mask`` is 0. ``states`` [R, 1 + T, ...] are the
+    logits, or the hidden states the head turns into logits, of each row's last prompt
+    position and its completion input tokens. The first tokens come from their row's last
+    prompt position, the others from where ``mb.index`` puts them."""
+    dev = states.device
     t = mb.next_ids.shape[1]
     # One split, not slices: its backward writes every part's gradient into one tensor
-    # (each slice's backward would allocate a zero tensor of the whole logits' size).
-    head, *parts = logits.split(
+    # (each slice's backward would allocate a zero tensor of the whole input's size).
+    head, *parts = states.split(
         [1] + [min(POSITIONS_PER_CALL, t - a) for a in range(0, t, POSITIONS_PER_CALL)], dim=1
     )
     first = fn(head[:, 0][mb.row.to(dev)].unsqueeze(1), mb.targets[:, :1].to(dev))
@@ -223,7 +233,26 @@ def _per_token(
         return first
     next_ids = mb.next_ids.to(dev).split(POSITIONS_PER_CALL, dim=1)
     rest = torch.cat([fn(x, y) for x, y in zip(parts, next_ids, strict=True)], dim=1)
-    return torch.cat([first, rest.flatten()[mb.index.to(dev)]], dim=1)
+    return torch.cat([first, rest.flatten(0, 1)[mb.index.to(dev)]], dim=1)
+
+
+def _with_head(
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    head: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``fn`` on logits -> the same on hidden states: the head applied first. With autograd
+    on, the chunk's logits are not kept for backward but recomputed there (checkpoint)."""
+    if head is None:
+        return fn
+
+    def run(x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return fn(head(x), targets)
+
+    if not torch.is_grad_enabled():
+        return run
+    return lambda x, targets: torch.utils.checkpoint.checkpoint(
+        run, x, targets, use_reentrant=False
+    )
 
 
 class Trainer:
@@ -289,29 +318,46 @@ class Trainer:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, C] of the completion tokens; with ``entropy``, also their entropy."""
         warp = {"top_k": self.top_k, "top_p": self.top_p}
-        logits = self._logits(model, mb)
-        logp = _per_token(
-            mb, logits, lambda x, t: grpo.token_logprobs(x, t, self.temperature, **warp)
-        )
-        if not entropy:
-            return logp
-        ent = _per_token(
-            mb, logits, lambda x, _: grpo.token_entropy(x.detach(), self.temperature, **warp)
-        )
-        return logp, ent
+        states, head = self._states(model, mb)
 
-    def _logits(self, model: torch.nn.Module, mb: Packed) -> torch.Tensor:
-        """The logits [R, 1 + T, V] of each row's last prompt position and its completion
-        input tokens (see ``Packed``): one forward pass over prompts and completions."""
+        def logp(x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            out = grpo.token_logprobs(x, targets, self.temperature, **warp)
+            if not entropy:
+                return out
+            ent = grpo.token_entropy(x.detach(), self.temperature, **warp)
+            return torch.stack([out.float(), ent], dim=-1)
+
+        both = _per_token(mb, states, _with_head(logp, head))
+        return (both[..., 0], both[..., 1].detach()) if entropy else both
+
+    def _states(
+        self, model: torch.nn.Module, mb: Packed
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]:
+        """One forward pass over prompts and completions: [R, 1 + T, ...] at each row's last
+        prompt position and its completion input tokens (see ``Packed``), and the head that
+        turns them into logits. For ``PLAIN_HEAD_MODELS``, the decoder's last hidden
+        states and the model's output layer; else the model's logits and None."""
         dev = self.policy.device
+        keep = mb.next_ids.shape[1] + 1
+        inputs = {
+            "input_ids": mb.input_ids.to(dev),
+            "attention_mask": mb.attention_mask.to(dev),
+            "position_ids": mb.position_ids.to(dev),
+            "use_cache": False,
+        }
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if getattr(base.config, "model_type", None) not in PLAIN_HEAD_MODELS:
+            with self.policy.autocast():
+                return model(**inputs, logits_to_keep=keep).logits, None
+        output = base.get_output_embeddings()
+
+        def head(x: torch.Tensor) -> torch.Tensor:
+            with self.policy.autocast():
+                return output(x)
+
         with self.policy.autocast():
-            return model(
-                input_ids=mb.input_ids.to(dev),
-                attention_mask=mb.attention_mask.to(dev),
-                position_ids=mb.position_ids.to(dev),
-                logits_to_keep=mb.next_ids.shape[1] + 1,
-                use_cache=False,
-            ).logits
+            hidden = base.get_decoder()(**inputs).last_hidden_state
+        return hidden[:, -keep:], head
 
     @torch.no_grad()
     def completion_logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
@@ -332,7 +378,8 @@ class Trainer:
         settings; trains nothing."""
         out: list[list[int]] = [[] for _ in samples]
         for idx, mb in self._micro_batches(samples):
-            ranks = _per_token(mb, self._logits(self.policy.model, mb), grpo.token_ranks)
+            states, head = self._states(self.policy.model, mb)
+            ranks = _per_token(mb, states, _with_head(grpo.token_ranks, head))
             for row, i in enumerate(idx):
                 out[i] = ranks[row, : len(samples[i].completion_ids)].tolist()
         return out

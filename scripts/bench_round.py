@@ -568,9 +568,11 @@ def measure_training_rss(args: argparse.Namespace) -> None:
     import resource
 
     _repo_on_path()
+    from sapo_node.node import _fix_mmap_threshold
     from sapo_node.trainer import Trainer
     from tests.support.unshared import unshared_backward
 
+    _fix_mmap_threshold()  # the allocator as a node sets it
     cfg, policy, samples = _training_setup(args)
     trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
     old_optimizer = previous_optimizer(trainer.params, cfg.train)

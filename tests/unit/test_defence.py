@@ -59,7 +59,9 @@ def trained(tmp_path_factory):
         str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
     )
     torch.manual_seed(0)
-    trainer = Trainer(policy, TrainSection(lr=1e-2, micro_batch_size=16), max_new_tokens=80)
+    # At lr 1e-2 what it learned depended on the seed and on float rounding (one seed in
+    # four ended with its own first tokens at ranks 3-25); at 5e-3 every seed tried did.
+    trainer = Trainer(policy, TrainSection(lr=5e-3, micro_batch_size=16), max_new_tokens=80)
     prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
     good = policy.encode_completion("<answer>7</answer>", True, 40).ids
     rng = random.Random(0)

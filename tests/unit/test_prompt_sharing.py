@@ -181,3 +181,13 @@ def test_gradient_checkpointing_with_lora_gives_the_adapters_their_gradients(
 def test_long_rows_are_taken_a_few_positions_at_a_time(tiny_policy, monkeypatch) -> None:
     monkeypatch.setattr(trainer_module, "POSITIONS_PER_CALL", 3)
     _compare(tiny_policy, TrainSection(micro_batch_size=5, loss_norm="sequence"))
+
+
+def test_logits_from_the_model_or_a_chunk_at_a_time_give_the_same_gradients(
+    tiny_policy, monkeypatch
+) -> None:
+    # The tiny model (llama) takes the chunked head; a model type not known to end at its
+    # head takes the model's own logits. Both equal the unshared computation.
+    assert tiny_policy.model.config.model_type in trainer_module.PLAIN_HEAD_MODELS
+    monkeypatch.setattr(trainer_module, "PLAIN_HEAD_MODELS", frozenset())
+    _compare(tiny_policy, TrainSection(micro_batch_size=5))
