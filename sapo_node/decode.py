@@ -99,8 +99,10 @@ class _PreallocatedLayer(DynamicLayer):
         return self.length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._k = self._k.index_select(0, indices)
-        self._v = self._v.index_select(0, indices)
+        # Only the filled positions are copied: the rest of the new buffers stays
+        # untouched (not resident) until decoding writes it.
+        self._k = _select_filled(self._k, indices, self.length)
+        self._v = _select_filled(self._v, indices, self.length)
         self._views()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
@@ -111,6 +113,14 @@ class _PreallocatedLayer(DynamicLayer):
     def crop(self, tokens_to_remove: int) -> None:
         self.length = max(0, self.length + min(tokens_to_remove, 0))
         self._views()
+
+
+def _select_filled(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+    """A buffer [rows, heads, capacity, dim] for the given rows, its first ``length``
+    positions copied, the others left unwritten."""
+    out = buffer.new_empty((len(rows), *buffer.shape[1:]))
+    out[:, :, :length] = buffer[:, :, :length].index_select(0, rows)
+    return out
 
 
 def sample(
@@ -211,10 +221,12 @@ def _sample_chunk(
             logits_to_keep=1,
         )
     prefilled = res.cache if hasattr(res, "cache") else res.past_key_values
+    # Positions past the prompts stay unwritten (not resident) until a step writes them:
+    # a step reads only the positions written so far.
     buffers = [
         (
-            layer.keys.new_zeros((rows, layer.keys.shape[1], capacity, layer.keys.shape[3])),
-            layer.values.new_zeros((rows, layer.values.shape[1], capacity, layer.values.shape[3])),
+            layer.keys.new_empty((rows, layer.keys.shape[1], capacity, layer.keys.shape[3])),
+            layer.values.new_empty((rows, layer.values.shape[1], capacity, layer.values.shape[3])),
         )
         for layer in prefilled.layers
     ]
@@ -222,11 +234,13 @@ def _sample_chunk(
     for i, (prompt, count) in enumerate(zip(prompts, counts, strict=True)):
         offset = width - len(prompt)
         for (kb, vb), layer in zip(buffers, prefilled.layers, strict=True):
-            kb[start : start + count, :, offset:width] = layer.keys[i, :, offset:width]
-            vb[start : start + count, :, offset:width] = layer.values[i, :, offset:width]
+            for buffer, filled in ((kb, layer.keys), (vb, layer.values)):
+                buffer[start : start + count, :, :offset] = 0  # the gap: masked, never NaN
+                buffer[start : start + count, :, offset:width] = filled[i, :, offset:width]
         start += count
     del prefilled
     cache = Cache(layers=[_PreallocatedLayer(b, width) for b in buffers])
+    del buffers  # the layers own them: dropped rows' buffers are freed when replaced
     mask = torch.zeros((rows, capacity), dtype=torch.long, device=device)
     mask[:, :width] = (torch.arange(width) >= (width - lengths)[:, None]).to(device)  # prompts
     position = lengths.to(device)  # the next token's position, per row
