@@ -13,7 +13,10 @@ completion with its own copy of the prompt) up to float rounding, with micro-bat
 LoRA and gradient checkpointing (``tests/unit/test_prompt_sharing.py``). With L = 8
 completions of ~30 tokens after a ~104-token prompt, this removes ~70% of training
 tokens, and the completions of a row are not padded to the longest. A group split over
-two micro-batches runs its prompt in each of them. Models whose attention is not full
+two micro-batches runs its prompt in each of them. For models whose forward ends at the
+head (``PLAIN_HEAD_MODELS``) the logits are made from the decoder's hidden states 64
+positions at a time and recomputed in backward, so a micro-batch's whole [rows,
+positions, vocabulary] logits never exist. Models whose attention is not full
 attention in every layer with the "sdpa" or "eager" implementation (a sliding window, a
 flash kernel without custom masks) get one completion a row and their own causal mask.
 
