@@ -30,9 +30,10 @@ Prints, for the same batch on the same machine, in one process, interleaved:
      each: seconds, resident and peak RSS, and glibc's heap (in use, free but kept). Set
      ``MALLOC_MMAP_THRESHOLD_`` to compare allocator settings (the node's own is 128 KiB,
      ``sapo_node.node._fix_mmap_threshold``). With ``--compare-threshold BYTES`` each
-     step is instead a generation of the default shape (same seed) and a training step,
-     run once with the node's threshold and once with BYTES, in alternating order, and
-     the seconds of each are printed (speed only: both share one heap).
+     step is instead a generation of the default shape and a training step, run once with
+     the node's threshold and once with BYTES, in alternating order; it prints tokens/s
+     (each run trains, so the generations differ) and training seconds (speed only:
+     both share one heap).
 
 SAPO_* environment variables change the config as they do a node's (e.g.
 SAPO_TRAIN__MICRO_BATCH_SIZE=8 SAPO_MODEL__GRADIENT_CHECKPOINTING=false).
@@ -639,28 +640,30 @@ def _compare_thresholds(args, cfg, policy, trainer, batches) -> None:
     mallopt = ctypes.CDLL("libc.so.6").mallopt
     _, _, prompts = _default_prompts(args)
     gen = cfg.generation
-    totals = {MMAP_THRESHOLD: [0.0, 0.0], args.compare_threshold: [0.0, 0.0]}
+    # [generate s, tokens, train s]; each run trains, so the next generation differs.
+    totals = {MMAP_THRESHOLD: [0.0, 0, 0.0], args.compare_threshold: [0.0, 0, 0.0]}
     print(f"heap: mmap threshold {MMAP_THRESHOLD} (the node's) vs {args.compare_threshold}")
     for step, batch in enumerate(batches):
         order = list(totals) if step % 2 == 0 else list(totals)[::-1]
         for threshold in order:
             mallopt(-3, threshold)  # M_MMAP_THRESHOLD
-            torch.manual_seed(step)  # the same completions under both
+            torch.manual_seed(step)
             start = time.perf_counter()
             made = policy.generate(prompts, gen, n=gen.completions_per_task).new_tokens
             middle = time.perf_counter()
             trainer.step(batch)
             end = time.perf_counter()
             totals[threshold][0] += middle - start
-            totals[threshold][1] += end - middle
+            totals[threshold][1] += made
+            totals[threshold][2] += end - middle
             print(
                 f"  step {step}, threshold {threshold}: generate {made} tokens "
                 f"{middle - start:.1f} s, train {len(batch)} sequences {end - middle:.1f} s",
                 flush=True,
             )
-    (g1, t1), (g2, t2) = totals.values()
+    (g1, n1, t1), (g2, n2, t2) = totals.values()
     print(
-        f"  total: generate {g1:.1f} vs {g2:.1f} s ({g2 / g1:.3f}x), "
+        f"  total: generate {n1 / g1:.1f} vs {n2 / g2:.1f} tok/s ({(n1 / g1) / (n2 / g2):.3f}x), "
         f"train {t1:.1f} vs {t2:.1f} s ({t2 / t1:.3f}x)"
     )
 
