@@ -613,7 +613,7 @@ def measure_heap(args: argparse.Namespace) -> None:
         for _ in range(args.heap_steps)
     ]
     if args.compare_threshold:
-        _compare_thresholds(args, cfg, policy, trainer, batches)
+        _compare_thresholds(args, cfg, policy, trainer, samples, batches)
         return
     threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "the node's")
     print(f"heap: {args.heap_steps} steps, mmap threshold {threshold}")
@@ -631,14 +631,14 @@ def measure_heap(args: argparse.Namespace) -> None:
         )
 
 
-def _compare_thresholds(args, cfg, policy, trainer, batches) -> None:
-    """Seconds of generation + training under two mmap thresholds, interleaved."""
+def _compare_thresholds(args, cfg, policy, trainer, samples, batches) -> None:
+    """Generation tokens/s and training seconds under two mmap thresholds, interleaved."""
     import ctypes
 
     from sapo_node.node import MMAP_THRESHOLD
 
     mallopt = ctypes.CDLL("libc.so.6").mallopt
-    _, _, prompts = _default_prompts(args)
+    prompts = [list(p) for p in dict.fromkeys(tuple(x.prompt_ids) for x in samples)]  # the 4 tasks'
     gen = cfg.generation
     # [generate s, tokens, train s]; each run trains, so the next generation differs.
     totals = {MMAP_THRESHOLD: [0.0, 0, 0.0], args.compare_threshold: [0.0, 0, 0.0]}
