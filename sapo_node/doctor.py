@@ -27,25 +27,28 @@ bfloat16 (GPUs, CPUs with bfloat16 instructions) and 4 where it computes in floa
     completions after it): T (10 H + 4 I) a b (per token and layer: the norms' inputs
     and outputs, q, k, v, attention output, the MLP's gate, up, activation and product;
     the CPU's and CUDA's attention kernels keep no scores); with gradient checkpointing
-    T (a H + 10 H + 4 I) b (each layer's input, and one layer recomputed); + 4 m (N + 1)
-    V x 4 (the completion logits, their log-softmax and both gradients, float32), + 560
-    MiB (backward's transient buffers and the allocator's slack, fitted to the
-    measurements below);
+    T (a H + 10 H + 4 I) b (each layer's input, and one layer recomputed); + 4 L' V x 4
+    (logits, their log-softmax and both gradients, float32, of L' positions at once:
+    every completion token, m (N + 1), or where the trainer applies the head 64
+    positions at a time (llama, mistral, qwen2, qwen3: ``trainer.PLAIN_HEAD_MODELS``)
+    64 g + m); + 150 MiB + 0.45 x 4P (LoRA 0.45 x 4A): backward's transient buffers and
+    the allocator's slack, fitted to the measurements below;
   - generation: the KV cache preallocated for the whole generation, S (p + N) a 2K b;
 - the processes: 400 MiB for the node (Python, torch, transformers, the tokenizer), 150
   MiB for the scoring worker, 150 MiB for the network process when the node is online
   (measured here: 366, 131 and 122 MiB); on a GPU, 512 MiB of CUDA context there, and
   host memory for the processes and the model as loaded before it moves (4P; LoRA bP).
 
-Against measurements of the embedded model (P = 134.5 M, 2 cores, torch 2.13 CPU, float32;
-``tests/unit/test_doctor.py`` keeps them and ``-m slow`` measures them again): three
-training steps of 2 prompts (104 tokens) x 8 completions of exactly N tokens,
-micro-batch 8, peak RSS of the process: full fine-tuning at N = 64 4130 MiB (formula
-4242), with gradient checkpointing 3277 MiB (3471), LoRA at N = 64 2707 MiB (2730) and at
-N = 32 2020 MiB (2190). Real node rounds of the default config, whose completions mostly
-end before 64 tokens, peak lower than the formula's worst case: 3025 MiB full (formula
-4274 at p = 128), 1794 MiB LoRA (2763)
-(round 1 of ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``).
+Against measurements of the embedded model (P = 134.5 M, 2 cores, torch 2.13 CPU, float32,
+2026-12-02; ``tests/unit/test_doctor.py`` keeps them and ``-m slow`` measures them
+again): three training steps of 2 prompts (104 tokens) x 8 completions of exactly N
+tokens, micro-batch 8, float32 moments, the node's allocator setting, peak RSS of the
+process: full fine-tuning at N = 64 3672 MiB (formula 3727), with gradient checkpointing
+2842 MiB (2966), LoRA at N = 64 1695 MiB (1988) and at N = 32 1411 MiB (1639). Real node
+rounds, whose completions mostly end before 64 tokens, peak lower than the formula's
+worst case: with those settings 2707 MiB full (formula 3759 at p = 128), 1447 MiB LoRA
+(2020); with the defaults on a CPU computing in bfloat16, 2119 MiB full (2935), 1159 MiB
+LoRA (1189) (round 1 of ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``).
 
 Disk (``disk_need``): a checkpoint holds the trainable weights and the optimiser's two
 moments, 8P bytes (full; 12P with float32 moments) or 8A (LoRA); a node keeps
@@ -89,7 +92,10 @@ NET_PROCESS = 150 * MiB
 ACT_PER_HIDDEN = 10  # activations kept for backward, per token and layer, in units of H
 ACT_PER_MLP = 4  # ... and of I (gate, up, their activation and product)
 LOGIT_COPIES = 4  # completion logits, their log-softmax, and both gradients, float32
-TRAIN_FIXED = 560 * MiB  # backward's transient buffers and the allocator's slack (fitted)
+# Backward's transient buffers and the allocator's slack: a fixed part and a share of the
+# trained parameters' float32 size (fitted to the measurements of the module docstring).
+TRAIN_FIXED = 150 * MiB
+TRAIN_PER_TRAINED = 0.45
 CUDA_CONTEXT = 512 * MiB
 TIGHT = 0.9  # a need above this share of what is free: WARN
 
@@ -403,6 +409,7 @@ class ModelInfo:
     vocab: int
     where: str  # where the figures come from
     heads: int = 1  # attention heads
+    model_type: str = ""  # config.json's model_type
     weights_present: bool = True
     cached: bool = True  # the embedded model: its de-quantised cache exists
 
@@ -417,6 +424,7 @@ EMBEDDED_INFO = ModelInfo(
     vocab=49152,
     where="embedded SmolLM2-135M-Instruct",
     heads=9,
+    model_type="llama",
     cached=False,
 )
 
@@ -467,6 +475,7 @@ def model_info_from_dir(path: Path, where: str | None = None) -> ModelInfo:
             vocab=int(c["vocab_size"]),
             where=where or str(path),
             heads=int(c.get("num_attention_heads") or 1),
+            model_type=str(c.get("model_type") or ""),
             weights_present=present,
         )
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
@@ -557,6 +566,17 @@ def lora_params(info: ModelInfo, r: int, targets: Iterable[str]) -> int:
     return info.layers * per_layer
 
 
+def _logit_positions(info: ModelInfo, m: int, n: int, rows: int) -> int:
+    """Positions whose logits a training pass holds at once: every completion token, or,
+    where the trainer applies the head a chunk at a time (``trainer.PLAIN_HEAD_MODELS``),
+    one chunk of each row plus each completion's first token."""
+    from sapo_node.trainer import PLAIN_HEAD_MODELS, POSITIONS_PER_CALL
+
+    if info.model_type in PLAIN_HEAD_MODELS:
+        return rows * POSITIONS_PER_CALL + m
+    return m * (n + 1)
+
+
 def memory_need(
     info: ModelInfo,
     cfg: Config,
@@ -592,7 +612,8 @@ def memory_need(
         acts = tokens * (info.layers * info.hidden + per_token) * b
     else:
         acts = tokens * info.layers * per_token * b
-    acts += LOGIT_COPIES * m * (n + 1) * info.vocab * 4 + TRAIN_FIXED
+    acts += LOGIT_COPIES * _logit_positions(info, m, n, prompts) * info.vocab * 4
+    acts += TRAIN_FIXED + int(TRAIN_PER_TRAINED * 4 * trained)
     train = 4 * trained + max(acts, 4 * trained)  # gradients, then activations or AdamW's
     if not t.enabled:  # a generating member: no optimiser, no training pass
         optimizer = train = 0

@@ -172,6 +172,7 @@ def test_model_figures_of_a_real_directory(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert info.params == sum(p.numel() for p in model.parameters())
     assert (info.hidden, info.layers, info.kv_dim) == (64, 2, 32)
+    assert info.model_type == model.config.model_type
     assert d.check_model(str(tiny_model_dir), info).status == "PASS"
 
 
@@ -254,19 +255,52 @@ def test_lora_needs_less_than_a_full_fine_tune(tmp_path: Path) -> None:
     assert half.parts["peak pass"] < full.parts["peak pass"]  # bfloat16 activations
 
 
+def test_logits_made_a_chunk_at_a_time_are_not_counted_whole(tmp_path: Path) -> None:
+    """For models whose head the trainer applies 64 positions at a time (llama: the
+    embedded model), a micro-batch's whole logits are never held; for others they are,
+    4 float32 copies of [completions, N + 1, V]."""
+    from dataclasses import replace
+
+    from sapo_node.trainer import PLAIN_HEAD_MODELS
+
+    assert d.EMBEDDED_INFO.model_type in PLAIN_HEAD_MODELS
+    other = replace(d.EMBEDDED_INFO, model_type="gpt2")
+    small, big = _cfg(tmp_path, train={"micro_batch_size": 8}), _cfg(tmp_path)
+    m_small, m_big, n = 8, big.train.micro_batch_size, big.generation.max_new_tokens
+
+    def grows(info) -> int:  # the peak pass from micro-batches of 8 to the default
+        return (
+            d.memory_need(info, big, "cpu").parts["peak pass"]
+            - d.memory_need(info, small, "cpu").parts["peak pass"]
+        )
+
+    whole = 4 * (m_big - m_small) * (n + 1) * d.EMBEDDED_INFO.vocab * 4
+    assert grows(other) - grows(d.EMBEDDED_INFO) > 0.8 * whole  # less one chunk a row
+    assert d.memory_need(d.EMBEDDED_INFO, big, "cpu").total < 0.8 * (
+        d.memory_need(other, big, "cpu").total
+    )
+
+
 # The formula against what was measured on the embedded model (2 cores, torch 2.13 CPU,
 # float32 compute and Adam moments: FLOAT32 below; the module docstring of
 # sapo_node.doctor). Peak RSS of one process: three Trainer steps of 2 prompts of 104
-# tokens x 8 completions of exactly N tokens, micro-batch 8 (``measure_steps`` below;
-# the slow test measures it again).
-MEASURED_STEPS_MIB = {("full", 64): 4130, ("lora", 64): 2707, ("lora", 32): 2020}
+# tokens x 8 completions of exactly N tokens, micro-batch 8, the node's allocator setting
+# (``MEASURE_STEPS`` below; the slow test measures it again). Measured 2026-12-02 with the
+# head applied 64 positions at a time (before: 4130, 2707 and 2020 MiB).
+MEASURED_STEPS_MIB = {("full", 64): 3672, ("lora", 64): 1695, ("lora", 32): 1411}
 # The same with model.gradient_checkpointing on (full fine-tuning, N = 64; MEASURE_STEPS
-# with a fourth argument, ckpt).
-MEASURED_CHECKPOINTED_MIB = 3277
-# Round 1 of a real default node, ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``:
-# its completions mostly end before 64 tokens, so it stays under the formula's worst case;
-# the more so since a row holds its completions unpadded (before that: 3366 and 2746).
-MEASURED_ROUND_MIB = {"full": 3025, "lora": 1794}
+# with a fourth argument, ckpt; before: 3277).
+MEASURED_CHECKPOINTED_MIB = 2842
+# Round 1 of a real node of the FLOAT32 config below, ``SAPO_MODEL__DTYPE=float32
+# SAPO_MODEL__GRADIENT_CHECKPOINTING=false SAPO_TRAIN__OPTIMIZER_STATE=float32
+# SAPO_TRAIN__MICRO_BATCH_SIZE=8 sapo-node start --rounds 2 --offline --seed 1 [--lora]``:
+# its completions mostly end before 64 tokens, so it stays under the formula's worst case
+# (before the head in chunks: 3025 and 1794).
+MEASURED_ROUND_MIB = {"full": 2707, "lora": 1447}
+# The same with today's defaults on a CPU that computes in bfloat16 (gradient
+# checkpointing, bfloat16 moments, one micro-batch of up to 32; round 1 trained 32
+# sequences full, 16 LoRA).
+MEASURED_DEFAULT_ROUND_BF16_MIB = {"full": 2119, "lora": 1159}
 
 
 # The config those figures were measured with (the defaults before issue 10's last changes).
@@ -293,7 +327,9 @@ def _one_process(kind: str, n: int, tmp_path: Path, prompt_tokens: int = 104) ->
 def test_the_memory_formula_against_measured_steps(kind: str, n: int, tmp_path: Path) -> None:
     estimate = _one_process(kind, n, tmp_path)
     measured = MEASURED_STEPS_MIB[(kind, n)]
-    assert measured <= estimate <= 1.10 * measured  # on the safe side, by under 10%
+    # On the safe side: by under 5% for full fine-tuning; by under 20% for LoRA, whose
+    # frozen base keeps fewer activations than the formula counts.
+    assert measured <= estimate <= (1.05 if kind == "full" else 1.20) * measured
 
 
 def test_the_memory_formula_with_gradient_checkpointing(tmp_path: Path) -> None:
@@ -316,13 +352,24 @@ def test_the_memory_formula_covers_real_rounds(kind: str, tmp_path: Path) -> Non
     assert MEASURED_ROUND_MIB[kind] <= estimate <= 1.6 * MEASURED_ROUND_MIB[kind]
 
 
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_the_memory_formula_covers_default_rounds_in_bfloat16(kind: str, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, model={"lora": {"enabled": kind == "lora"}}, net={"enabled": False})
+    need = d.memory_need(d.EMBEDDED_INFO, cfg, "cpu", cpu_bf16=True)
+    estimate = (need.total - d.SCORER_PROCESS) / 2**20
+    measured = MEASURED_DEFAULT_ROUND_BF16_MIB[kind]
+    assert measured <= estimate <= 1.6 * measured
+
+
 MEASURE_STEPS = """
 import random, resource, sys
 from pathlib import Path
 from sapo_node.config import LoraSection, TrainSection
+from sapo_node.node import _fix_mmap_threshold
 from sapo_node.policy import load_policy
 from sapo_node.trainer import Sample, Trainer
 n, lora, cache = int(sys.argv[1]), sys.argv[2] == "lora", Path(sys.argv[3])
+_fix_mmap_threshold()  # the node's allocator setting
 policy = load_policy("embedded", device="cpu", dtype="float32", lora=LoraSection(enabled=lora),
                      cache_dir=cache, gradient_checkpointing=sys.argv[4:] == ["ckpt"])
 trainer = Trainer(policy, TrainSection(micro_batch_size=8, optimizer_state="float32"), n)
