@@ -12,7 +12,8 @@ h attention heads, key/value width K (kv heads x head dim), vocabulary V, and th
 config's S = min(max_batch_sequences, (I + J) x L) sequences generated at once, m =
 micro_batch_size, N = max_new_tokens, p = 128 prompt tokens (the default config's
 prompts are 104 tokens of the embedded tokenizer), g = ceil(m / L) distinct prompts per
-micro-batch (+1 when m is not a multiple of L), b = 2 bytes where the node computes in
+micro-batch (+1 when m is not a multiple of L; g = m for models without full attention in
+every layer, whose completions take a row each), b = 2 bytes where the node computes in
 bfloat16 (GPUs, CPUs with bfloat16 instructions) and 4 where it computes in float32:
 
 - weights: 4P, float32 (+ 2P of bfloat16 copies under autocast); LoRA: bP for the
@@ -410,6 +411,7 @@ class ModelInfo:
     where: str  # where the figures come from
     heads: int = 1  # attention heads
     model_type: str = ""  # config.json's model_type
+    full_attention: bool = True  # in every layer: a row holds a prompt and its completions
     weights_present: bool = True
     cached: bool = True  # the embedded model: its de-quantised cache exists
 
@@ -458,6 +460,14 @@ def _kv_dim(c: dict[str, Any]) -> int:
     return (c.get("num_key_value_heads") or heads) * head_dim
 
 
+def _full_attention(c: dict[str, Any]) -> bool:
+    """Whether every layer attends to the whole sequence (``decode.supported``'s test on
+    config.json): only then does the trainer put a prompt's completions in one row."""
+    if any(t != "full_attention" for t in c.get("layer_types") or []):
+        return False
+    return c.get("sliding_window") is None or not c.get("use_sliding_window", True)
+
+
 def model_info_from_dir(path: Path, where: str | None = None) -> ModelInfo:
     """A model directory's figures: config.json, parameters counted in its safetensors."""
     try:
@@ -476,6 +486,7 @@ def model_info_from_dir(path: Path, where: str | None = None) -> ModelInfo:
             where=where or str(path),
             heads=int(c.get("num_attention_heads") or 1),
             model_type=str(c.get("model_type") or ""),
+            full_attention=_full_attention(c),
             weights_present=present,
         )
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
@@ -606,8 +617,10 @@ def memory_need(
     optimizer = moments * trained + (4 * p if t.kl_coef > 0 and not lora.enabled else 0)
     n, m, per_group = g.max_new_tokens, t.micro_batch_size, g.completions_per_task
     prompts = math.ceil(m / per_group) + (1 if m % per_group else 0)
+    if not info.full_attention:  # one completion a row, each with its prompt
+        prompts = m
     per_token = ACT_PER_HIDDEN * info.hidden + ACT_PER_MLP * info.intermediate
-    tokens = prompts * prompt_tokens + m * n  # one row per prompt, its completions after it
+    tokens = prompts * prompt_tokens + m * n  # one row per prompt (or completion), then them
     if cfg.model.gradient_checkpointing:  # each layer's input, and one layer recomputed
         acts = tokens * (info.layers * info.hidden + per_token) * b
     else:

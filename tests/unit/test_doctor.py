@@ -281,6 +281,39 @@ def test_logits_made_a_chunk_at_a_time_are_not_counted_whole(tmp_path: Path) -> 
     )
 
 
+def test_a_model_without_full_attention_is_counted_a_row_per_completion(tmp_path: Path) -> None:
+    """A sliding window (or other per-layer attention) puts each completion in its own row
+    with its prompt (``trainer.shared_attention``): more tokens, and a logits chunk per
+    completion."""
+    windowed = tmp_path / "windowed"
+    windowed.mkdir()
+    config = {
+        "model_type": "mistral",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "sliding_window": 4096,
+    }
+    (windowed / "config.json").write_text(json.dumps(config))
+    info = d.model_info_from_dir(windowed)
+    assert not info.full_attention
+    (windowed / "config.json").write_text(json.dumps({**config, "use_sliding_window": False}))
+    full = d.model_info_from_dir(windowed)
+    assert full.full_attention
+    cfg = _cfg(tmp_path)
+    m, p = cfg.train.micro_batch_size, d.PROMPT_TOKENS
+    per_group = cfg.generation.completions_per_task
+    rows = m - (-(-m // per_group) + (1 if m % per_group else 0))  # more rows than shared
+    more = d.memory_need(info, cfg, "cpu").total - d.memory_need(full, cfg, "cpu").total
+    per_token = full.layers * full.hidden + 10 * full.hidden + 4 * full.intermediate
+    prompt_acts = rows * p * per_token * 4  # checkpointed, float32
+    logits = rows * 64 * full.vocab * 4 * 4
+    assert more == pytest.approx(prompt_acts + logits, rel=0.01)
+
+
 # The formula against what was measured on the embedded model (2 cores, torch 2.13 CPU,
 # float32 compute and Adam moments: FLOAT32 below; the module docstring of
 # sapo_node.doctor). Peak RSS of one process: three Trainer steps of 2 prompts of 104
