@@ -55,12 +55,18 @@ def supported(model) -> bool:
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "num_hidden_layers", None) is None:
         return False
-    layer_types = getattr(text, "layer_types", None)
+    return full_attention(
+        getattr(text, "layer_types", None),
+        getattr(text, "sliding_window", None),
+        getattr(text, "use_sliding_window", True),
+    )
+
+
+def full_attention(layer_types, sliding_window, use_sliding_window=True) -> bool:
+    """Whether every layer attends to the whole sequence, from a model config's fields."""
     if layer_types and any(t != "full_attention" for t in layer_types):
         return False
-    return getattr(text, "sliding_window", None) is None or not getattr(
-        text, "use_sliding_window", True
-    )
+    return sliding_window is None or not use_sliding_window
 
 
 class _PreallocatedLayer(DynamicLayer):

@@ -460,16 +460,10 @@ def _kv_dim(c: dict[str, Any]) -> int:
     return (c.get("num_key_value_heads") or heads) * head_dim
 
 
-def _full_attention(c: dict[str, Any]) -> bool:
-    """Whether every layer attends to the whole sequence (``decode.supported``'s test on
-    config.json): only then does the trainer put a prompt's completions in one row."""
-    if any(t != "full_attention" for t in c.get("layer_types") or []):
-        return False
-    return c.get("sliding_window") is None or not c.get("use_sliding_window", True)
-
-
 def model_info_from_dir(path: Path, where: str | None = None) -> ModelInfo:
     """A model directory's figures: config.json, parameters counted in its safetensors."""
+    from sapo_node.decode import full_attention
+
     try:
         c = json.loads((path / "config.json").read_text(encoding="utf-8"))
         c = c.get("text_config", c) if "hidden_size" not in c else c
@@ -486,7 +480,9 @@ def model_info_from_dir(path: Path, where: str | None = None) -> ModelInfo:
             where=where or str(path),
             heads=int(c.get("num_attention_heads") or 1),
             model_type=str(c.get("model_type") or ""),
-            full_attention=_full_attention(c),
+            full_attention=full_attention(
+                c.get("layer_types"), c.get("sliding_window"), c.get("use_sliding_window", True)
+            ),
             weights_present=present,
         )
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:

@@ -1,12 +1,14 @@
 import argparse, os, sys, time
-sys.path.insert(0, "/work/main/scripts"); sys.path.insert(0, "/work/main")
+from pathlib import Path
+ROOT = Path(__file__).resolve().parents[4]  # the repository
+sys.path.insert(0, str(ROOT / "scripts")); sys.path.insert(0, str(ROOT))
 import torch
 import bench_round as br
 from sapo_node.node import _fix_mmap_threshold
 from sapo_node.trainer import Trainer
 from torch.profiler import profile, ProfilerActivity
 _fix_mmap_threshold()
-args = argparse.Namespace(data_dir=__import__("pathlib").Path("/tmp/bench"), model="embedded", threads=None, lora=False)
+args = argparse.Namespace(data_dir=Path("/tmp/bench"), model="embedded", threads=None, lora=False)
 cfg, policy, samples = br._training_setup(args)
 trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
 label = os.environ.get("LABEL", "")
