@@ -9,12 +9,15 @@ probabilities that make the rounding unbiased): rounded to nearest, a moment tha
 by less than half a bfloat16 step per update (beta2 = 0.999 moves the second moment by
 0.1% a step, under bfloat16's 0.4% resolution) would never change at all.
 
-Parameters are updated in slices of ``CHUNK`` elements, so the float32 temporaries stay
-small (the embedding matrix alone is 28M elements). The rounding noise is drawn once per
-step and device (``CHUNK`` 32-bit values: 16 bits for each moment) and reused by every
-slice: drawing it per element took 5x the update's own time on a CPU. Each moment's
-rounding stays unbiased at every step; elements at the same offset of different slices
-round together within a step, never across steps.
+Parameters are updated in slices of ``CHUNK`` elements through three float32 buffers of
+that size, allocated once per step and reused by every slice (``Workspace``): no
+temporary per operation, so a step neither asks the allocator for gigabytes of fresh pages
+(each first touched, and zeroed, by the kernel: more than the arithmetic on a CPU) nor
+leaves the cache. The rounding noise is drawn once per step and device (``CHUNK`` 32-bit
+values: 16 bits for each moment) and reused by every slice: drawing it per element took
+5x the update's own time on a CPU. Each moment's rounding stays unbiased at every step;
+elements at the same offset of different slices round together within a step, never
+across steps.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Iterable
 
 import torch
 
-CHUNK = 1 << 22  # elements per slice: ~16 MiB per float32 temporary
+CHUNK = 1 << 18  # elements per slice: 1 MiB per float32 buffer (docs/benchmarks.md)
 
 
 def stochastic_round_bf16(x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -42,6 +45,26 @@ def stochastic_round_bf16(x: torch.Tensor, noise: torch.Tensor | None = None) ->
     return (bits + noise).bitwise_and_(-65536).view(torch.float32).to(torch.bfloat16)
 
 
+class Workspace:
+    """One step's float32 buffers (``CHUNK`` elements each) and rounding noise on one
+    device: ``noise`` holds the two moments' (int32 values in [0, 2^16))."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.m, self.v, self.d = (
+            torch.empty(CHUNK, dtype=torch.float32, device=device) for _ in range(3)
+        )
+        bits = torch.randint(-(1 << 31), 1 << 31, (CHUNK,), dtype=torch.int32, device=device)
+        self.noise = (bits & 0xFFFF, (bits >> 16) & 0xFFFF)
+
+
+def _round_into_(out: torch.Tensor, x: torch.Tensor, noise: torch.Tensor) -> None:
+    """``out`` (bfloat16) = ``x`` stochastically rounded (``stochastic_round_bf16``);
+    ``x``, a float32 buffer, is overwritten. The low 16 bits end zero, so the final
+    conversion is exact."""
+    x.view(torch.int32).add_(noise[: x.numel()]).bitwise_and_(-65536)
+    out.copy_(x)
+
+
 def adam_update_(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -54,30 +77,29 @@ def adam_update_(
     eps: float,
     weight_decay: float,
     decoupled: bool,
-    noise: tuple[torch.Tensor, torch.Tensor] | None = None,
+    work: Workspace,
 ) -> None:
     """One Adam(W) update of ``param`` in place; ``exp_avg``/``exp_avg_sq`` (bfloat16,
-    same shape) are read and written back. The arithmetic is torch's AdamW's.
-
-    ``noise``: the rounding noise of the two moments, each at least ``CHUNK`` values in
-    [0, 2^16), used for every slice (fresh for every slice if None).
-    """
+    same shape) are read and written back. The arithmetic is torch's AdamW's, a slice of
+    ``CHUNK`` elements at a time in ``work``'s buffers."""
     beta1, beta2 = betas
     bias1 = 1 - beta1**step
     bias2_sqrt = math.sqrt(1 - beta2**step)
-    noise_m, noise_v = noise if noise is not None else (None, None)
+    noise_m, noise_v = work.noise
     flat = [t.view(-1) for t in (param, grad, exp_avg, exp_avg_sq)]
     for p, g, m16, v16 in zip(*(t.split(CHUNK) for t in flat), strict=True):
-        g = g.float()
+        n = p.numel()
+        m, v, d = work.m[:n], work.v[:n], work.d[:n]
         if weight_decay and not decoupled:
-            g = g.add(p, alpha=weight_decay)
-        m = m16.float().lerp_(g, 1 - beta1)
-        v = v16.float().mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            g = torch.add(g, p, alpha=weight_decay, out=d)
+        m.copy_(m16).lerp_(g, 1 - beta1)
+        v.copy_(v16).mul_(beta2).addcmul_(g, g, value=1 - beta2)
         if weight_decay and decoupled:
             p.mul_(1 - lr * weight_decay)
-        p.addcdiv_(m, v.sqrt().div_(bias2_sqrt).add_(eps), value=-lr / bias1)
-        m16.copy_(stochastic_round_bf16(m, noise_m))
-        v16.copy_(stochastic_round_bf16(v, noise_v))
+        torch.sqrt(v, out=d).div_(bias2_sqrt).add_(eps)
+        p.addcdiv_(m, d, value=-lr / bias1)
+        _round_into_(m16, m, noise_m)
+        _round_into_(v16, v, noise_v)
 
 
 class CompactAdam(torch.optim.Optimizer):
@@ -112,16 +134,13 @@ class CompactAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        noise: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        work: dict[torch.device, Workspace] = {}
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.device not in noise:
-                    bits = torch.randint(
-                        -(1 << 31), 1 << 31, (CHUNK,), dtype=torch.int32, device=p.device
-                    )
-                    noise[p.device] = (bits & 0xFFFF, (bits >> 16) & 0xFFFF)
+                if p.device not in work:
+                    work[p.device] = Workspace(p.device)
                 if p.grad.is_sparse:
                     raise RuntimeError("CompactAdam does not take sparse gradients")
                 state = self.state[p]
@@ -141,7 +160,7 @@ class CompactAdam(torch.optim.Optimizer):
                     eps=group["eps"],
                     weight_decay=group["weight_decay"],
                     decoupled=group["decoupled"],
-                    noise=noise[p.device],
+                    work=work[p.device],
                 )
         return loss
 

@@ -97,3 +97,12 @@ def test_it_resumes_from_its_own_state_and_from_a_float32_adamw_state() -> None:
 def test_it_refuses_half_precision_parameters() -> None:
     with pytest.raises(ValueError, match="float32"):
         CompactAdam([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))], lr=1e-3)
+
+
+def test_the_in_place_rounding_of_a_step_is_stochastic_round_bf16() -> None:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5000, generator=g) * torch.logspace(-30, 30, 5000)
+    noise = torch.randint(0, 1 << 16, (5000,), dtype=torch.int32, generator=g)
+    out = torch.empty(5000, dtype=torch.bfloat16)
+    optim._round_into_(out, x.clone(), noise)
+    assert torch.equal(out, stochastic_round_bf16(x, noise))
