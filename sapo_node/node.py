@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import json
 import os
 import random
@@ -182,55 +181,36 @@ class Timer:
             self.progress.leave(name, spent)
 
 
-MMAP_THRESHOLD = 4 << 20  # bytes; docs/benchmarks.md, "Fresh pages"
+MMAP_THRESHOLD = 128 << 10  # glibc's initial value, kept
 
 
-@functools.cache
-def _glibc() -> Any:
-    """The C library where it is glibc (``mallopt``, ``malloc_trim``), else None."""
+def _fix_mmap_threshold() -> None:
+    """glibc: allocations of 128 KiB and more get their own mapping, given back on free.
+
+    By default glibc raises this threshold (up to 32 MiB) each time such a block is freed,
+    after which tensors of up to 32 MiB come from the heap. A round allocates and frees
+    tensors of changing sizes among long-lived ones (gradients, the optimiser's state,
+    oneDNN's kernels); in the heap their freed space is kept but rarely fits the next
+    round's tensors, and the resident size rose round after round (with a 1 MiB threshold,
+    100 MiB of free heap after a few training steps, still growing; docs/benchmarks.md).
+    Fixing the threshold at its initial value stops the adjustment. glibc's own
+    ``MALLOC_MMAP_THRESHOLD_`` variable, if set, wins. Elsewhere (musl, macOS) nothing is
+    done.
+    """
     import ctypes
     import ctypes.util
     import sys
 
-    if not sys.platform.startswith("linux"):
-        return None
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-
-
-def _fix_mmap_threshold() -> None:
-    """glibc: allocations of ``MMAP_THRESHOLD`` (4 MiB) and more get their own mapping,
-    given back on free; smaller ones come from the heap, whose free pages the node gives
-    back after each phase of a round (``_trim_heap``).
-
-    A fresh mapping's pages are faulted in and zeroed by the kernel on first touch. At
-    glibc's initial threshold of 128 KiB a training step of the embedded model on 8
-    sequences made 5.3 GB of such pages (1.5 million faults), most of its time; at 4 MiB
-    the step took 0.6x as long. By default glibc raises the threshold itself (up to 32
-    MiB) each time such a block is freed, and the heap's free space, kept resident,
-    rarely fitting the next round's tensors, grew round after round. Fixed at 4 MiB with
-    the heap trimmed after each phase, the resident size between phases stays flat and
-    the peak rises with the round's largest batch only. glibc's own
-    ``MALLOC_MMAP_THRESHOLD_`` variable, if set, wins. Elsewhere (musl, macOS) nothing
-    is done.
-    """
-    libc = _glibc()
-    if libc is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
         return
     m_mmap_threshold = -3  # malloc.h
-    if libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD) != 1:
+    if mallopt(m_mmap_threshold, MMAP_THRESHOLD) != 1:
         log.debug("mallopt refused", threshold=MMAP_THRESHOLD)
-
-
-def _trim_heap() -> None:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim``): what a
-    phase freed is not kept resident through the next."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
 
 
 class Node:
@@ -327,7 +307,6 @@ class Node:
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
             with timer("generate"):
                 local, new_tokens = self._generate(tasks, r)
-                _trim_heap()
             with timer("score"):
                 self._score(local)
             published = self._share(local, r)
@@ -347,7 +326,6 @@ class Node:
                         batch_rows=batch.batch_rows,
                         batch_tokens=batch.batch_tokens,
                     )
-                _trim_heap()
             if stats is None:
                 raise Stopped
             moves: Counter[str] = Counter()
