@@ -35,12 +35,14 @@ scaled by a ``torch.amp.GradScaler`` and the gradients unscaled before clipping.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from sapo_node import decode, grpo
@@ -352,11 +354,18 @@ class Trainer:
         if getattr(base.config, "model_type", None) not in PLAIN_HEAD_MODELS:
             with self.policy.autocast():
                 return model(**inputs, logits_to_keep=keep).logits, None
-        output = base.get_output_embeddings()
+        project = base.get_output_embeddings()
+        if type(project) is torch.nn.Linear and project.weight.dtype != self.policy.dtype:
+            # Autocast would copy the float32 head (the tied embedding: 28M weights for the
+            # embedded model) to the compute dtype again for each chunk and each chunk's
+            # recomputation, and cast each chunk's gradient back: copied once here, its
+            # gradient is summed in that dtype and cast back once.
+            weight = project.weight.to(self.policy.dtype)
+            project = functools.partial(F.linear, weight=weight, bias=project.bias)
 
         def head(x: torch.Tensor) -> torch.Tensor:
             with self.policy.autocast():
-                return output(x)
+                return project(x)
 
         with self.policy.autocast():
             hidden = base.get_decoder()(**inputs).last_hidden_state
