@@ -107,8 +107,9 @@ def test_half_precision_sampling_law_is_close_to_float32(tiny_model_dir: Path) -
     assert float((p32 - p16).abs().sum(-1).max()) < 0.05  # total variation x 2
 
 
+@pytest.mark.parametrize("longest", [8, 50])  # 50: a row's completions span several head chunks
 def test_a_bf16_training_step_keeps_float32_masters_and_follows_the_float32_gradient(
-    tiny_model_dir: Path,
+    tiny_model_dir: Path, longest: int
 ) -> None:
     settings = TrainSection(micro_batch_size=4)
     grads = {}
@@ -116,20 +117,25 @@ def test_a_bf16_training_step_keeps_float32_masters_and_follows_the_float32_grad
         policy = _policy(tiny_model_dir, dtype)
         prompts = _prompts(policy)
         g = torch.Generator().manual_seed(1)
-        lengths = torch.randint(3, 9, (8,), generator=g).tolist()
+        lengths = torch.randint(3 * longest // 8, longest + 1, (8,), generator=g).tolist()
         samples = [
             Sample(p, torch.randint(5, 60, (lengths[2 * i + j],), generator=g).tolist(), a)
             for i, p in enumerate(prompts)
             for j, a in enumerate((1.0, -1.0, 0.5, -0.5))
         ]
-        trainer = Trainer(policy, settings, max_new_tokens=8)
+        trainer = Trainer(policy, settings, max_new_tokens=longest)
         assert isinstance(trainer.optimizer, CompactAdam)  # the default: bfloat16 moments
         loss = trainer.gradients(samples)
         assert torch.isfinite(torch.tensor(loss))
         grads[dtype] = torch.cat([p.grad.flatten() for p in trainer.params])
+        head = policy.model.get_output_embeddings().weight
+        assert trainer.params[0] is head  # the tiny model ties it to the embedding
         assert {p.grad.dtype for p in trainer.params} == {torch.float32}
         stats = trainer.step(samples)
         assert stats is not None and stats.steps == 1
         assert {p.dtype for p in trainer.params} == {torch.float32}
-    cos = torch.nn.functional.cosine_similarity(grads["float32"], grads["bfloat16"], dim=0)
-    assert float(cos) > 0.99
+    for part in (slice(None), slice(0, head.numel())):  # all, and the tied embedding/head
+        cos = torch.nn.functional.cosine_similarity(
+            grads["float32"][part], grads["bfloat16"][part], dim=0
+        )
+        assert float(cos) > 0.99
