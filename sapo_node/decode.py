@@ -12,15 +12,20 @@
 2. **Decode.** One token per active row per step: ``model(..., cache=...)`` on the last
    tokens, then sampling (temperature, then top-k, then top-p, as transformers' sampling
    does). The cache is preallocated (`_PreallocatedLayer`): a step writes one column
-   instead of concatenating the whole past. Rows that emitted EOS are dropped from the
-   batch, mask and cache once enough of them have finished to pay for the copy.
+   instead of concatenating the whole past. The loop passes its own 4D attention mask:
+   transformers would drop an all-visible one (prompts of one length), and SDPA on the
+   CPU without a mask runs grouped-query attention 4-5x slower than with one (it cannot
+   fold a query token's heads onto their shared key head). Rows that emitted EOS are
+   dropped from the batch, mask and cache once enough of them have finished to pay for
+   the copy.
 3. **Sampling without a sort.** With top-p = 1 and top-k = 0 a token is drawn by inverse
    CDF (a cumulative sum and a binary search per row) instead of ``torch.multinomial``,
    which draws one exponential variate per vocabulary entry; the distribution is the same.
 
 The output contract is ``Policy.generate``'s: a completion ends with an EOS id iff it
 finished. Models whose attention is not plain full attention (sliding windows, linear
-attention, encoder-decoders) are refused by ``supported`` and take the caller's
+attention, encoder-decoders), or that run an attention implementation other than "sdpa"
+or "eager" (which take a 4D mask), are refused by ``supported`` and take the caller's
 ``model.generate`` fallback.
 """
 
@@ -47,10 +52,18 @@ class Sampling:
     top_p: float = 1.0
 
 
+# Attention implementations that take a 4D mask as it is: boolean (True: attend) for
+# "sdpa", additive for "eager".
+MASKED_ATTENTION = ("sdpa", "eager")
+
+
 def supported(model) -> bool:
-    """Whether the fast path applies: a decoder-only model with full attention in every layer."""
+    """Whether the fast path applies: a decoder-only model with full attention in every
+    layer, run by an implementation in ``MASKED_ATTENTION``."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    if getattr(config, "_attn_implementation", None) not in MASKED_ATTENTION:
         return False
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "num_hidden_layers", None) is None:
@@ -127,6 +140,17 @@ def _select_filled(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> tor
     out = buffer.new_empty((len(rows), *buffer.shape[1:]))
     out[:, :, :length] = buffer[:, :, :length].index_select(0, rows)
     return out
+
+
+def attention_mask(visible: torch.Tensor, implementation: str) -> torch.Tensor:
+    """visible [rows, positions] (True: the row's next token may attend there) -> the 4D
+    mask [rows, 1, 1, positions] that ``implementation`` takes (``MASKED_ATTENTION``)."""
+    mask = visible[:, None, None, :]
+    if implementation == "sdpa":
+        return mask
+    return torch.zeros(mask.shape, device=mask.device).masked_fill(
+        ~mask, torch.finfo(torch.float32).min
+    )
 
 
 def sample(
@@ -247,8 +271,9 @@ def _sample_chunk(
     del prefilled
     cache = Cache(layers=[_PreallocatedLayer(b, width) for b in buffers])
     del buffers  # the layers own them: dropped rows' buffers are freed when replaced
-    mask = torch.zeros((rows, capacity), dtype=torch.long, device=device)
-    mask[:, :width] = (torch.arange(width) >= (width - lengths)[:, None]).to(device)  # prompts
+    visible = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
+    visible[:, :width] = (torch.arange(width) >= (width - lengths)[:, None]).to(device)
+    implementation = model.config._attn_implementation
     position = lengths.to(device)  # the next token's position, per row
     logits = res.logits[:, -1].float().index_select(0, row_prompt.to(device))
     del res
@@ -274,14 +299,14 @@ def _sample_chunk(
             keep = (~done).nonzero().squeeze(1)
             keep_dev = keep.to(device)
             cache.batch_select_indices(keep_dev)
-            mask, position, tokens = mask[keep_dev], position[keep_dev], tokens[keep_dev]
+            visible, position, tokens = visible[keep_dev], position[keep_dev], tokens[keep_dev]
             active, done = active[keep], done[keep]
         end = width + step + 1
-        mask[:, end - 1] = 1
+        visible[:, end - 1] = True
         with autocast():
             res = model(
                 input_ids=tokens[:, None],
-                attention_mask=mask[:, :end],
+                attention_mask=attention_mask(visible[:, :end], implementation),
                 position_ids=position[:, None],
                 cache=cache,
                 use_cache=True,

@@ -85,14 +85,40 @@ def test_generation_runs_on_half_weights_and_leaves_the_masters_as_they_were(
 
 def test_the_masters_come_back_when_generation_fails(tiny_model_dir: Path) -> None:
     policy = _policy(tiny_model_dir, "bfloat16")
+    linears = [m for m in policy.model.modules() if type(m) is torch.nn.Linear]
     with pytest.raises(RuntimeError, match="stop"), policy.compute_weights():
         params = list(policy.model.parameters())
-        assert {p.dtype for p in params} == {torch.bfloat16}
+        # On the CPU the linear layers compute with packed copies of their weights: the
+        # masters stay, but for a weight another module uses (the tied embedding).
+        packed = {id(p) for p in params if p.dtype == torch.float32}
+        assert packed <= {id(m.weight) for m in linears if "forward" in vars(m)}
+        assert packed or not torch.backends.mkldnn.is_available()
+        copies = [p for p in params if id(p) not in packed]
+        assert {p.dtype for p in copies} == {torch.bfloat16}
         # one buffer for all the copies, each view 64-byte aligned
-        assert len({p.untyped_storage().data_ptr() for p in params}) == 1
-        assert all(p.data_ptr() % 64 == 0 for p in params)
+        assert len({p.untyped_storage().data_ptr() for p in copies}) == 1
+        assert all(p.data_ptr() % 64 == 0 for p in copies)
         raise RuntimeError("stop")
     assert {p.dtype for p in policy.model.parameters()} == {torch.float32}
+    assert not any("forward" in vars(m) for m in linears)  # the layers' own forward again
+
+
+def test_packed_linear_weights_compute_what_plain_copies_do(
+    tiny_model_dir: Path, monkeypatch
+) -> None:
+    from sapo_node import policy as policy_module
+
+    half = _policy(tiny_model_dir, "bfloat16")
+    ids = torch.tensor(_prompts(half)[:1])
+    logits = {}
+    for packing in (True, False):
+        if not packing:
+            monkeypatch.setattr(policy_module, "_pack", lambda linears, dtype: None)
+        with torch.inference_mode(), half.compute_weights(), half.autocast():
+            packed = [m for m in half.model.modules() if "forward" in vars(m)]
+            assert bool(packed) == (packing and torch.backends.mkldnn.is_available())
+            logits[packing] = half.model(input_ids=ids).logits.float()
+    torch.testing.assert_close(logits[True], logits[False], rtol=1.6e-2, atol=1e-2)
 
 
 def test_half_precision_sampling_law_is_close_to_float32(tiny_model_dir: Path) -> None:

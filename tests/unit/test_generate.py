@@ -172,9 +172,12 @@ def _check_steps_against_full_forward(model, prompts, n, eos_ids, max_new, monke
     return shrinks
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])  # a boolean / additive mask
 def test_every_step_equals_a_full_forward_with_ragged_prompts_and_dropped_rows(
-    tiny_policy, monkeypatch
+    tiny_policy, monkeypatch, implementation: str
 ) -> None:
+    tiny_policy.model.set_attn_implementation(implementation)
+    assert tiny_policy.model.config._attn_implementation == implementation
     prompts = _prompts(tiny_policy)
     assert len({len(p) for p in prompts}) == 3  # ragged
     # Several common characters count as EOS here, so rows finish early and get dropped.
@@ -264,9 +267,17 @@ def test_models_without_full_attention_take_the_fallback(tiny_policy, monkeypatc
 
     from transformers import MistralConfig, Qwen2Config
 
+    def config(cls, implementation="sdpa", **fields):
+        c = cls(**fields)
+        c._attn_implementation = implementation
+        return SimpleNamespace(config=c)
+
     assert decode.supported(tiny_policy.model)
-    assert not decode.supported(SimpleNamespace(config=MistralConfig(sliding_window=64)))
-    assert decode.supported(SimpleNamespace(config=Qwen2Config(use_sliding_window=False)))
+    assert not decode.supported(config(MistralConfig, sliding_window=64))
+    assert decode.supported(config(Qwen2Config, use_sliding_window=False))
+    assert decode.supported(config(Qwen2Config, "eager", use_sliding_window=False))
+    # Implementations that do not take a 4D mask as it is (flash attention kernels)
+    assert not decode.supported(config(Qwen2Config, "flash_attention_2", use_sliding_window=False))
     monkeypatch.setattr(decode, "supported", lambda model: False)
     monkeypatch.setattr(decode, "sample", None)  # the fast path must not be reached
     out = tiny_policy.generate(_prompts(tiny_policy), GenerationSection(max_new_tokens=4), n=2)
