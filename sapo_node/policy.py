@@ -14,6 +14,8 @@ with bfloat16 instructions (AVX512-BF16, AMX, Arm BF16); older CPUs compute in f
 Generation runs on a copy of the weights in the compute dtype, made for the call and
 dropped after it (``Policy.compute_weights``): on the CPU decoding is bound by reading the
 weights, so half the bytes are about twice the tokens per second (docs/benchmarks.md).
+On the CPU the linear layers' copies are packed for oneDNN, which would otherwise repack
+a plain weight at every call.
 With LoRA the frozen base weights are stored in the compute dtype.
 """
 
