@@ -210,10 +210,9 @@ def shared_attention(model: torch.nn.Module) -> str | None:
     """The model's attention implementation if a block mask can put a prompt's
     completions in one row: "sdpa" or "eager" with full attention in every layer (a
     sliding window is the model's own mask). None otherwise: one completion a row."""
-    if not decode.supported(model):
+    if not decode.supported(model):  # which also requires one of decode.MASKED_ATTENTION
         return None
-    impl = getattr(model.config, "_attn_implementation", None)
-    return impl if impl in ("sdpa", "eager") else None
+    return model.config._attn_implementation
 
 
 def _per_token(
