@@ -12,8 +12,11 @@ CHAT_TEMPLATE = (
 SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tiny_model(path: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
-    """Write a random-weight Llama (~100 k parameters) and its tokenizer to ``path``."""
+def build_tiny_model(
+    path: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0, bias: bool = False
+) -> Path:
+    """Write a random-weight Llama (~100 k parameters) and its tokenizer to ``path``; with
+    ``bias``, its linear layers have random biases (as Qwen2's attention projections do)."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -44,9 +47,15 @@ def build_tiny_model(path: Path, *, hidden: int = 64, layers: int = 2, seed: int
         bos_token_id=vocab["<|im_start|>"],
         eos_token_id=vocab["<|im_end|>"],
         pad_token_id=vocab["<pad>"],
+        attention_bias=bias,
+        mlp_bias=bias,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_(0.0, 0.1)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -13,6 +13,7 @@ from sapo_node.config import GenerationSection, LoraSection, TrainSection
 from sapo_node.optim import CompactAdam
 from sapo_node.policy import cpu_has_bf16, load_policy, select_dtype
 from sapo_node.trainer import Sample, Trainer
+from tests.support.tiny import build_tiny_model
 
 CPUINFO = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f {}\n"
 
@@ -103,12 +104,15 @@ def test_the_masters_come_back_when_generation_fails(tiny_model_dir: Path) -> No
     assert not any("forward" in vars(m) for m in linears)  # the layers' own forward again
 
 
+@pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_weights_compute_what_plain_copies_do(
-    tiny_model_dir: Path, monkeypatch
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch, bias: bool
 ) -> None:
-    from sapo_node import policy as policy_module
-
+    if bias:  # float32 biases beside packed bfloat16 weights (Qwen2's q, k, v projections)
+        tiny_model_dir = build_tiny_model(tmp_path / "biased", bias=True)
     half = _policy(tiny_model_dir, "bfloat16")
+    linears = [m for m in half.model.modules() if type(m) is torch.nn.Linear]
+    assert any(m.bias is not None for m in linears) is bias
     ids = torch.tensor(_prompts(half)[:1])
     logits = {}
     for packing in (True, False):
