@@ -619,6 +619,9 @@ def memory_need(
     tokens = prompts * prompt_tokens + m * n  # one row per prompt (or completion), then them
     if cfg.model.gradient_checkpointing:  # each layer's input, and one layer recomputed
         acts = tokens * (info.layers * info.hidden + per_token) * b
+        # ... but a micro-batch of at most train.checkpoint_above_tokens is not checkpointed
+        small = min(tokens, t.checkpoint_above_tokens)
+        acts = max(acts, small * info.layers * per_token * b)
     else:
         acts = tokens * info.layers * per_token * b
     acts += LOGIT_COPIES * _logit_positions(info, m, n, prompts) * info.vocab * 4

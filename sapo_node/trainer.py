@@ -35,9 +35,10 @@ scaled by a ``torch.amp.GradScaler`` and the gradients unscaled before clipping.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -257,6 +258,20 @@ def _with_head(
     return lambda x, targets: torch.utils.checkpoint.checkpoint(
         run, x, targets, use_reentrant=False
     )
+
+
+@contextlib.contextmanager
+def _checkpointing_off(model: torch.nn.Module) -> Iterator[None]:
+    """Gradient checkpointing off in every module that has it on, back on after. The
+    decision is taken in forward: a backward after the block is unchanged."""
+    modules = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    for m in modules:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.gradient_checkpointing = True
 
 
 class Trainer:
@@ -492,7 +507,8 @@ class Trainer:
             if should_stop():
                 self.optimizer.zero_grad(set_to_none=True)
                 return None
-            logp, ent = self._logprobs(model, mb, entropy=True)
+            with self._checkpointing(mb):
+                logp, ent = self._logprobs(model, mb, entropy=True)
             weights = (mb.mask * plan.row_weight[idx][:, None]).to(dev)
             if plan.old[k] is None:
                 plan.old[k] = logp.detach()  # no step yet: these are the old policy's
@@ -514,6 +530,14 @@ class Trainer:
                 if key in info:
                     sums[key] += float(info[key]) * share
         return sums
+
+    def _checkpointing(self, mb: Packed) -> contextlib.AbstractContextManager:
+        """Gradient checkpointing as the model was loaded, but off for a micro-batch of at
+        most ``checkpoint_above_tokens`` tokens: its activations are small, and recomputing
+        its layers in backward would make its step 1.3x slower (docs/benchmarks.md)."""
+        if mb.input_ids.numel() > self.settings.checkpoint_above_tokens:
+            return contextlib.nullcontext()
+        return _checkpointing_off(self.policy.model)
 
     def _apply_gradients(self) -> float:
         """Unscale, clip and step; skip the step if the gradient norm is not finite."""

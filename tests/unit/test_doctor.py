@@ -303,7 +303,7 @@ def test_a_model_without_full_attention_is_counted_a_row_per_completion(tmp_path
     (windowed / "config.json").write_text(json.dumps({**config, "use_sliding_window": False}))
     full = d.model_info_from_dir(windowed)
     assert full.full_attention
-    cfg = _cfg(tmp_path)
+    cfg = _cfg(tmp_path, train={"checkpoint_above_tokens": 0})  # every micro-batch checkpointed
     m, p = cfg.train.micro_batch_size, d.PROMPT_TOKENS
     per_group = cfg.generation.completions_per_task
     rows = m - (-(-m // per_group) + (1 if m % per_group else 0))  # more rows than shared
@@ -321,8 +321,8 @@ def test_a_model_without_full_attention_is_counted_a_row_per_completion(tmp_path
 # (``MEASURE_STEPS`` below; the slow test measures it again). Measured 2026-12-02 with the
 # head applied 64 positions at a time (before: 4130, 2707 and 2020 MiB).
 MEASURED_STEPS_MIB = {("full", 64): 3672, ("lora", 64): 1695, ("lora", 32): 1411}
-# The same with model.gradient_checkpointing on (full fine-tuning, N = 64; MEASURE_STEPS
-# with a fourth argument, ckpt; before: 3277).
+# The same with model.gradient_checkpointing on for every micro-batch (full fine-tuning,
+# N = 64; MEASURE_STEPS with a fourth argument, ckpt; before: 3277).
 MEASURED_CHECKPOINTED_MIB = 2842
 # Round 1 of a real node of the FLOAT32 config below, ``SAPO_MODEL__DTYPE=float32
 # SAPO_MODEL__GRADIENT_CHECKPOINTING=false SAPO_TRAIN__OPTIMIZER_STATE=float32
@@ -369,7 +369,7 @@ def test_the_memory_formula_with_gradient_checkpointing(tmp_path: Path) -> None:
     cfg = _cfg(
         tmp_path,
         model={**FLOAT32["model"], "gradient_checkpointing": True},
-        train=FLOAT32["train"],
+        train={**FLOAT32["train"], "checkpoint_above_tokens": 0},
         generation={"max_new_tokens": 64},
         net={"enabled": False},
     )
@@ -405,7 +405,8 @@ n, lora, cache = int(sys.argv[1]), sys.argv[2] == "lora", Path(sys.argv[3])
 _fix_mmap_threshold()  # the node's allocator setting
 policy = load_policy("embedded", device="cpu", dtype="float32", lora=LoraSection(enabled=lora),
                      cache_dir=cache, gradient_checkpointing=sys.argv[4:] == ["ckpt"])
-trainer = Trainer(policy, TrainSection(micro_batch_size=8, optimizer_state="float32"), n)
+settings = TrainSection(micro_batch_size=8, optimizer_state="float32", checkpoint_above_tokens=0)
+trainer = Trainer(policy, settings, n)
 rng = random.Random(0)
 samples = []
 for _ in range(2):

@@ -89,11 +89,45 @@ def test_gradient_checkpointing_shares_prompts_with_the_same_gradients(
     kw = dict(device="cpu", dtype="float32", lora=LoraSection(), cache_dir=tiny_model_dir)
     plain = load_policy(str(tiny_model_dir), **kw)
     ckpt = load_policy(str(tiny_model_dir), gradient_checkpointing=True, **kw)
-    samples, settings = _groups(), TrainSection(micro_batch_size=4)
+    samples = _groups()
+    settings = TrainSection(micro_batch_size=4, checkpoint_above_tokens=0)  # all checkpointed
     trainer = Trainer(ckpt, settings, max_new_tokens=16)
     assert any(mb.input_ids.shape[0] < len(idx) for idx, mb in trainer._micro_batches(samples))
     Trainer(plain, settings, max_new_tokens=16).gradients(samples)
     trainer.gradients(samples)
+    want, got = _grads(plain), _grads(ckpt)
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_only_micro_batches_above_the_token_threshold_are_checkpointed(
+    tiny_model_dir: Path,
+) -> None:
+    kw = dict(device="cpu", dtype="float32", lora=LoraSection(), cache_dir=tiny_model_dir)
+    plain = load_policy(str(tiny_model_dir), **kw)
+    ckpt = load_policy(str(tiny_model_dir), gradient_checkpointing=True, **kw)
+    samples = _groups()
+    batches = Trainer(ckpt, TrainSection(micro_batch_size=4), 16)._micro_batches(samples)
+    sizes = [mb.input_ids.numel() for _, mb in batches]
+    threshold = sorted(sizes)[len(sizes) // 2]  # some micro-batches above it, some not
+    above = sum(n > threshold for n in sizes)
+    assert 0 < above < len(sizes)
+    flagged = [m for m in ckpt.model.modules() if getattr(m, "gradient_checkpointing", 0) is True]
+    layers = list(ckpt.model.get_decoder().layers)
+    assert set(layers) <= set(flagged)
+    calls: list[object] = []
+    for m in layers:  # count each layer's checkpointed calls
+        run = m._gradient_checkpointing_func
+        m._gradient_checkpointing_func = lambda *a, _run=run, _m=m, **k: (
+            calls.append(_m),
+            _run(*a, **k),
+        )[1]
+    settings = TrainSection(micro_batch_size=4, checkpoint_above_tokens=threshold)
+    Trainer(plain, settings, max_new_tokens=16).gradients(samples)
+    Trainer(ckpt, settings, max_new_tokens=16).gradients(samples)
+    assert len(calls) == above * len(layers)  # each layer, once a large micro-batch
+    assert all(m.gradient_checkpointing is True for m in flagged)  # on again after
     want, got = _grads(plain), _grads(ckpt)
     assert set(got) == set(want)
     for name in want:
@@ -169,7 +203,7 @@ def test_gradient_checkpointing_with_lora_gives_the_adapters_their_gradients(
 ) -> None:
     plain = _lora_policy(tiny_model_dir)
     ckpt = _lora_policy(tiny_model_dir, gradient_checkpointing=True)
-    samples, settings = _groups(), TrainSection(micro_batch_size=4)
+    samples, settings = _groups(), TrainSection(micro_batch_size=4, checkpoint_above_tokens=0)
     Trainer(plain, settings, max_new_tokens=16).gradients(samples)
     Trainer(ckpt, settings, max_new_tokens=16).gradients(samples)
     want, got = _grads(plain), _grads(ckpt)
