@@ -109,8 +109,9 @@ class ModelSection(_Section):
         True,
         description="Recompute each layer's forward in backward: activations stay small, so "
         "a whole round trains in one micro-batch (train.micro_batch_size); for the embedded "
-        "model on a CPU 1.2x the training step's time. false: faster steps, more memory: "
-        "lower train.micro_batch_size with it (docs/benchmarks.md).",
+        "model on a CPU 1.2-1.3x the training step's time, so micro-batches of at most "
+        "train.checkpoint_above_tokens skip it. false: faster steps, more memory: lower "
+        "train.micro_batch_size with it (docs/benchmarks.md).",
     )
     lora: LoraSection = Field(default_factory=LoraSection)
 
