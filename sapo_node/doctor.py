@@ -620,7 +620,7 @@ def memory_need(
     if cfg.model.gradient_checkpointing:  # each layer's input, and one layer recomputed
         acts = tokens * (info.layers * info.hidden + per_token) * b
         # ... but a micro-batch of at most train.checkpoint_above_tokens is not checkpointed
-        small = min(tokens, t.checkpoint_above_tokens)
+        small = min(tokens, t.unchecked_tokens(lora.enabled))
         acts = max(acts, small * info.layers * per_token * b)
     else:
         acts = tokens * info.layers * per_token * b

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo_node.config import Config, ConfigError, env_overrides, load_config
+from sapo_node.config import Config, ConfigError, TrainSection, env_overrides, load_config
 from sapo_node.tasks import PAPER_FAMILIES
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
@@ -95,3 +95,12 @@ def test_every_field_is_documented() -> None:
                 assert field.description, f"{model.__name__}.{name} has no description"
 
     walk(Config)
+
+
+def test_small_micro_batches_skip_checkpointing_only_in_full_fine_tuning_by_default() -> None:
+    assert TrainSection().unchecked_tokens(lora=False) == 768
+    assert TrainSection().unchecked_tokens(lora=True) == 0  # LoRA's point is memory
+    for lora in (False, True):
+        assert TrainSection(checkpoint_above_tokens=100).unchecked_tokens(lora) == 100
+    with pytest.raises(ValueError):
+        TrainSection(checkpoint_above_tokens=-1)

@@ -101,6 +101,18 @@ def test_gradient_checkpointing_shares_prompts_with_the_same_gradients(
         torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
+def _count_checkpointed(layers) -> list[object]:
+    """A list that gets each layer once per call it runs checkpointed."""
+    calls: list[object] = []
+    for m in layers:
+        run = m._gradient_checkpointing_func
+        m._gradient_checkpointing_func = lambda *a, _run=run, _m=m, **k: (
+            calls.append(_m),
+            _run(*a, **k),
+        )[1]
+    return calls
+
+
 def test_only_micro_batches_above_the_token_threshold_are_checkpointed(
     tiny_model_dir: Path,
 ) -> None:
@@ -116,13 +128,7 @@ def test_only_micro_batches_above_the_token_threshold_are_checkpointed(
     flagged = [m for m in ckpt.model.modules() if getattr(m, "gradient_checkpointing", 0) is True]
     layers = list(ckpt.model.get_decoder().layers)
     assert set(layers) <= set(flagged)
-    calls: list[object] = []
-    for m in layers:  # count each layer's checkpointed calls
-        run = m._gradient_checkpointing_func
-        m._gradient_checkpointing_func = lambda *a, _run=run, _m=m, **k: (
-            calls.append(_m),
-            _run(*a, **k),
-        )[1]
+    calls = _count_checkpointed(layers)
     settings = TrainSection(micro_batch_size=4, checkpoint_above_tokens=threshold)
     Trainer(plain, settings, max_new_tokens=16).gradients(samples)
     Trainer(ckpt, settings, max_new_tokens=16).gradients(samples)
@@ -203,9 +209,14 @@ def test_gradient_checkpointing_with_lora_gives_the_adapters_their_gradients(
 ) -> None:
     plain = _lora_policy(tiny_model_dir)
     ckpt = _lora_policy(tiny_model_dir, gradient_checkpointing=True)
-    samples, settings = _groups(), TrainSection(micro_batch_size=4, checkpoint_above_tokens=0)
+    samples, settings = _groups(), TrainSection(micro_batch_size=4)
+    layers = list(ckpt.model.get_base_model().get_decoder().layers)
+    calls = _count_checkpointed(layers)
     Trainer(plain, settings, max_new_tokens=16).gradients(samples)
-    Trainer(ckpt, settings, max_new_tokens=16).gradients(samples)
+    trainer = Trainer(ckpt, settings, max_new_tokens=16)
+    trainer.gradients(samples)
+    # with LoRA, by default, every micro-batch is checkpointed, however small
+    assert len(calls) == len(trainer._micro_batches(samples)) * len(layers)
     want, got = _grads(plain), _grads(ckpt)
     assert set(got) == set(want) and want
     for name in want:
