@@ -142,14 +142,14 @@ def _select_filled(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> tor
     return out
 
 
-def attention_mask(visible: torch.Tensor, implementation: str) -> torch.Tensor:
-    """visible [rows, positions] (True: the row's next token may attend there) -> the 4D
-    mask [rows, 1, 1, positions] that ``implementation`` takes (``MASKED_ATTENTION``)."""
-    mask = visible[:, None, None, :]
+def attention_mask(seen: torch.Tensor, implementation: str) -> torch.Tensor:
+    """A boolean 4D mask (True: attend) in the form ``implementation`` takes
+    (``MASKED_ATTENTION``): as it is for "sdpa", additive (0 or the float32 minimum) for
+    "eager"."""
     if implementation == "sdpa":
-        return mask
-    return torch.zeros(mask.shape, device=mask.device).masked_fill(
-        ~mask, torch.finfo(torch.float32).min
+        return seen
+    return torch.zeros(seen.shape, device=seen.device).masked_fill(
+        ~seen, torch.finfo(torch.float32).min
     )
 
 
@@ -306,7 +306,7 @@ def _sample_chunk(
         with autocast():
             res = model(
                 input_ids=tokens[:, None],
-                attention_mask=attention_mask(visible[:, :end], implementation),
+                attention_mask=attention_mask(visible[:, None, None, :end], implementation),
                 position_ids=position[:, None],
                 cache=cache,
                 use_cache=True,

@@ -99,10 +99,7 @@ def block_mask(segments: torch.Tensor, attention: str) -> torch.Tensor:
     causal = torch.ones(w, w, dtype=torch.bool).tril()
     seen = causal & (k >= 0) & ((k == 0) | (k == q)) & (q >= 0)
     seen |= torch.eye(w, dtype=torch.bool)
-    seen = seen[:, None]
-    if attention == "sdpa":
-        return seen
-    return torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)
+    return decode.attention_mask(seen[:, None], attention)
 
 
 def pack(samples: Sequence[Sample], pad_id: int, *, attention: str | None = "sdpa") -> Packed:

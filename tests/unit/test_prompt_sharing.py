@@ -83,22 +83,31 @@ def test_shared_prompts_with_lora(tiny_model_dir: Path) -> None:
     _compare(pol, TrainSection(micro_batch_size=3), batch_rows=20, batch_tokens=100)
 
 
+def _plain_and_checkpointed(model_dir: Path):
+    """The tiny model twice: as it is, and with gradient checkpointing on."""
+    kw = dict(device="cpu", dtype="float32", lora=LoraSection(), cache_dir=model_dir)
+    plain = load_policy(str(model_dir), **kw)
+    return plain, load_policy(str(model_dir), gradient_checkpointing=True, **kw)
+
+
+def _assert_same_gradients(want_policy, got_policy) -> None:
+    want, got = _grads(want_policy), _grads(got_policy)
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
 def test_gradient_checkpointing_shares_prompts_with_the_same_gradients(
     tiny_model_dir: Path,
 ) -> None:
-    kw = dict(device="cpu", dtype="float32", lora=LoraSection(), cache_dir=tiny_model_dir)
-    plain = load_policy(str(tiny_model_dir), **kw)
-    ckpt = load_policy(str(tiny_model_dir), gradient_checkpointing=True, **kw)
+    plain, ckpt = _plain_and_checkpointed(tiny_model_dir)
     samples = _groups()
     settings = TrainSection(micro_batch_size=4, checkpoint_above_tokens=0)  # all checkpointed
     trainer = Trainer(ckpt, settings, max_new_tokens=16)
     assert any(mb.input_ids.shape[0] < len(idx) for idx, mb in trainer._micro_batches(samples))
     Trainer(plain, settings, max_new_tokens=16).gradients(samples)
     trainer.gradients(samples)
-    want, got = _grads(plain), _grads(ckpt)
-    assert set(got) == set(want)
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
+    _assert_same_gradients(plain, ckpt)
 
 
 def _count_checkpointed(layers) -> list[object]:
@@ -116,9 +125,7 @@ def _count_checkpointed(layers) -> list[object]:
 def test_only_micro_batches_above_the_token_threshold_are_checkpointed(
     tiny_model_dir: Path,
 ) -> None:
-    kw = dict(device="cpu", dtype="float32", lora=LoraSection(), cache_dir=tiny_model_dir)
-    plain = load_policy(str(tiny_model_dir), **kw)
-    ckpt = load_policy(str(tiny_model_dir), gradient_checkpointing=True, **kw)
+    plain, ckpt = _plain_and_checkpointed(tiny_model_dir)
     samples = _groups()
     batches = Trainer(ckpt, TrainSection(micro_batch_size=4), 16)._micro_batches(samples)
     sizes = [mb.input_ids.numel() for _, mb in batches]
@@ -134,10 +141,7 @@ def test_only_micro_batches_above_the_token_threshold_are_checkpointed(
     Trainer(ckpt, settings, max_new_tokens=16).gradients(samples)
     assert len(calls) == above * len(layers)  # each layer, once a large micro-batch
     assert all(m.gradient_checkpointing is True for m in flagged)  # on again after
-    want, got = _grads(plain), _grads(ckpt)
-    assert set(got) == set(want)
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
+    _assert_same_gradients(plain, ckpt)
 
 
 def test_eager_attention_gets_an_additive_block_mask(tiny_model_dir: Path) -> None:
@@ -217,10 +221,8 @@ def test_gradient_checkpointing_with_lora_gives_the_adapters_their_gradients(
     trainer.gradients(samples)
     # with LoRA, by default, every micro-batch is checkpointed, however small
     assert len(calls) == len(trainer._micro_batches(samples)) * len(layers)
-    want, got = _grads(plain), _grads(ckpt)
-    assert set(got) == set(want) and want
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
+    assert _grads(plain)
+    _assert_same_gradients(plain, ckpt)
 
 
 def test_long_rows_are_taken_a_few_positions_at_a_time(tiny_policy, monkeypatch) -> None:
