@@ -19,7 +19,7 @@ import click
 import typer
 
 from sapo_node import __version__
-from sapo_node.config import ConfigError, load_config
+from sapo_node.config import DEFAULT_STATUS_LISTEN, ConfigError, load_config
 
 try:  # typer >= 0.20 vendors its own click
     from typer._click import exceptions as _typer_click
@@ -169,7 +169,7 @@ def start(
         str | None,
         typer.Option(
             help="HOST:PORT of the status endpoint (/status, /metrics, /healthz); default "
-            "127.0.0.1:4142, port 0 picks a free one."
+            "127.0.0.1:9141 (a free port when another node holds it); port 0 picks a free one."
         ),
     ] = None,
 ) -> None:
@@ -295,7 +295,9 @@ def _status_endpoint(cfg: Any):
     from sapo_node.status import StatusError, StatusServer
 
     try:
-        return StatusServer(cfg.status.listen)
+        return StatusServer(
+            cfg.status.listen, or_free_port=cfg.status.listen == DEFAULT_STATUS_LISTEN
+        )
     except StatusError as exc:
         _fail(str(exc))
 

@@ -27,6 +27,9 @@ from pydantic import (
 )
 
 ENV_PREFIX = "SAPO_"
+# The status endpoint's default, apart from the swarm's ports (4141, and the next ones a
+# second node on the machine takes). A node whose default is taken serves on a free port.
+DEFAULT_STATUS_LISTEN = "127.0.0.1:9141"
 # train.checkpoint_above_tokens unset, full fine-tuning: micro-batches up to this many tokens
 # skip gradient checkpointing (about 0.5 GB of activations for the embedded model).
 UNCHECKED_TOKENS = 768
@@ -553,13 +556,13 @@ class EvalSection(_Section):
 def parse_host_port(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (IPv6 in brackets) as (host, port); ValueError says what is wrong.
 
-    >>> parse_host_port("127.0.0.1:4142"), parse_host_port("[::1]:0")
-    (('127.0.0.1', 4142), ('::1', 0))
+    >>> parse_host_port("127.0.0.1:9141"), parse_host_port("[::1]:0")
+    (('127.0.0.1', 9141), ('::1', 0))
     """
     host, sep, port = text.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:4142; port 0 picks one)")
+        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9141; port 0 picks one)")
     return host, int(port)
 
 
@@ -569,9 +572,10 @@ class StatusSection(_Section):
 
     enabled: bool = Field(True, description="Serve the status endpoint.")
     listen: str = Field(
-        "127.0.0.1:4142",
+        DEFAULT_STATUS_LISTEN,
         description="HOST:PORT to serve on, never the swarm port; port 0 picks a free one "
-        "(sapo-node status finds it); 0.0.0.0 serves every interface.",
+        "(sapo-node status finds it), and so does the default when another node holds it; "
+        "0.0.0.0 serves every interface.",
     )
     stall_factor: float = Field(
         10.0,

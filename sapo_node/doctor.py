@@ -786,7 +786,7 @@ def check_port(listen: Sequence[str], enabled: bool = True) -> Check:
 
 def check_status_port(listen: str, enabled: bool = True) -> Check:
     """The status endpoint's HOST:PORT is free to bind."""
-    from sapo_node.config import parse_host_port
+    from sapo_node.config import DEFAULT_STATUS_LISTEN, parse_host_port
 
     name = "status port"
     if not enabled:
@@ -801,6 +801,8 @@ def check_status_port(listen: str, enabled: bool = True) -> Check:
     if exc is None:
         return _pass(name, f"free to serve on {listen}")
     busy = exc.errno == errno.EADDRINUSE
+    if busy and listen == DEFAULT_STATUS_LISTEN:
+        return _pass(name, f"{listen} taken (another sapo-node?): the node takes a free port")
     return _fail(
         name,
         f"TCP port {port} on {host} is in use (another sapo-node?)"

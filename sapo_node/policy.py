@@ -529,6 +529,14 @@ def _packed_linears(
             del m.forward
 
 
+@functools.cache
+def packs_linear_weights(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs linear weights of ``dtype`` on this CPU. It packs bfloat16
+    only with AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: on an AVX2-only CPU it refuses, and
+    generation computes on plain copies instead."""
+    return _pack([torch.nn.Linear(16, 16)], dtype) is not None
+
+
 def _pack(linears: Sequence[torch.nn.Linear], dtype: torch.dtype) -> list[torch.Tensor] | None:
     """The layers' weights in ``dtype``, packed by oneDNN; None if it cannot."""
     if not linears or not torch.backends.mkldnn.is_available():

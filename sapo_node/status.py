@@ -1,7 +1,8 @@
 """The status endpoint: a running node's state, for people and for Prometheus.
 
 A thread of the node process serves HTTP on an address of its own (``[status] listen``,
-127.0.0.1:4142 by default; never the swarm port):
+127.0.0.1:9141 by default, or a free port when another node on the machine holds it;
+never the swarm port):
 
 - ``/metrics``: the Prometheus text format (prometheus-client), ``sapo_*`` metrics;
 - ``/status``: the same facts as JSON, with the version, peer ID, model, uptime and the
@@ -26,6 +27,7 @@ removes it when it stops; ``sapo-node status`` finds the endpoint there.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -340,11 +342,24 @@ class StatusServer:
     """The endpoint. Its address is bound at construction, so a busy port is found before
     the model loads; :meth:`serve` starts answering once there is a node to describe."""
 
-    def __init__(self, listen: str) -> None:
+    def __init__(self, listen: str, *, or_free_port: bool = False) -> None:
+        """``or_free_port``: if ``listen`` is taken, serve on a free port of the same host
+        and say so (the default address, which a second node on the machine finds taken)."""
         host, port = parse_host_port(listen)
         server = _HTTPServer6 if ":" in host else _HTTPServer
         try:
-            self._httpd = server((host, port), _Handler, bind_and_activate=True)
+            try:
+                self._httpd = server((host, port), _Handler, bind_and_activate=True)
+            except OSError as exc:
+                if not (or_free_port and exc.errno == errno.EADDRINUSE):
+                    raise
+                self._httpd = server((host, 0), _Handler, bind_and_activate=True)
+                log.warning(
+                    "status endpoint's default address is taken (another sapo-node?); "
+                    "serving on a free port",
+                    taken=listen,
+                    url=self.url,
+                )
         except OSError as exc:
             raise StatusError(
                 f"the status endpoint cannot listen on {listen}: {exc.strerror or exc}; "

@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["SAPO_NET__ENABLED"] = "false"
 os.environ["SAPO_NET__MDNS"] = "false"
 os.environ["SAPO_NET__LISTEN"] = '["/ip4/127.0.0.1/tcp/0"]'
-# Status endpoints on loopback, each on a free port (never a running node's 4142).
+# Status endpoints on loopback, each on a free port (never a running node's 9141).
 os.environ["SAPO_STATUS__LISTEN"] = '"127.0.0.1:0"'
 
 REPO = Path(__file__).resolve().parents[1]

@@ -588,3 +588,17 @@ def test_a_generating_member_needs_no_training_memory_and_no_trained_checkpoint(
     assert check.status == "FAIL" and "another --data-dir" in check.todo
     code, _, err = run_cli(["doctor", "--generate"], capsys)
     assert code == 2 and "--no-train" in err
+
+
+def test_the_default_status_port_taken_passes_since_the_node_takes_a_free_one(
+    monkeypatch,
+) -> None:
+    from sapo_node import config as config_module
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        taken = f"127.0.0.1:{held.getsockname()[1]}"
+        monkeypatch.setattr(config_module, "DEFAULT_STATUS_LISTEN", taken)
+        check = d.check_status_port(taken)
+        assert check.status == "PASS" and "free port" in check.found

@@ -132,3 +132,20 @@ def test_a_bad_status_address_is_a_usage_error(listen: str, capsys) -> None:
 def test_help_lists_the_status_command(capsys) -> None:
     main(["status", "--help"])
     assert "--data-dir" in capsys.readouterr().out
+
+
+def test_the_default_address_taken_serves_on_a_free_port_and_another_is_an_error() -> None:
+    from sapo_node.status import StatusError, StatusServer
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        taken = f"127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(StatusError, match="cannot listen on"):
+            StatusServer(taken)
+        server = StatusServer(taken, or_free_port=True)
+        try:
+            assert server.url.startswith("http://127.0.0.1:")
+            assert not server.url.endswith(taken.split(":")[1])
+        finally:
+            server.close()
