@@ -601,7 +601,91 @@ def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]
         "eval_start": _eval_brief(start),
         "eval_end": _eval_brief(end),
         "evals": [_eval_brief(by_round[k]) | {"round": k} for k in sorted(by_round)],
+        "halves": [mechanism_sums(h) for h in halves(done, rounds)],
     }
+
+
+# What sharing did, from the rows' per-round facts (node.Node._record): own and peers'
+# groups by outcome, the peers' groups' reward and age, and the gradient clip.
+OUTCOMES = ("all_wrong", "all_right", "signal")
+
+
+def halves(rows: Sequence[dict[str, Any]], rounds: int) -> list[list[dict[str, Any]]]:
+    """The rows of rounds 0..R/2-1 and of R/2..R-1 (R = ``rounds``; R/2 rounded down).
+
+    >>> [[r["round"] for r in h] for h in halves([{"round": r} for r in range(5)], 5)]
+    [[0, 1], [2, 3, 4]]
+    """
+    mid = rounds // 2
+    return [
+        [r for r in rows if r["round"] < mid],
+        [r for r in rows if mid <= r["round"] < rounds],
+    ]
+
+
+def mechanism_sums(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Sums over metrics rows from which ``mechanism`` pools nodes: group counts by
+    outcome, and each mean's numerator and weight. Rows without a fact (older metrics,
+    rounds with no peers' group or no step: null or absent) add nothing to it."""
+    out: dict[str, float] = dict.fromkeys(
+        [f"{side}_{kind}" for side in ("local", "external") for kind in OUTCOMES], 0
+    )
+    out |= dict.fromkeys(
+        ("external_reward", "external_reward_groups", "steps", "clipped_steps", "grad_norm")
+        + ("grad_norm_rounds", "age_rounds", "age_groups"),
+        0.0,
+    )
+    for r in rows:
+        for side in ("local", "external"):
+            for kind in OUTCOMES:
+                out[f"{side}_{kind}"] += r.get(f"{side}_groups_{kind}", 0)
+        n = r.get("external_groups", 0)
+        if r.get("external_reward_mean") is not None:
+            out["external_reward"] += r["external_reward_mean"] * n
+            out["external_reward_groups"] += n
+        if r.get("train/grad_clipped") is not None:
+            out["steps"] += r["train/steps"]
+            out["clipped_steps"] += r["train/grad_clipped"] * r["train/steps"]
+        if r.get("train/grad_norm_max") is not None:
+            out["grad_norm"] += r["train/grad_norm_max"]
+            out["grad_norm_rounds"] += 1
+        if r.get("external_age_rounds") is not None:
+            out["age_rounds"] += r["external_age_rounds"] * n
+            out["age_groups"] += n
+    return out
+
+
+def mechanism(nodes: Sequence[dict[str, Any]], half: int, rounds: int) -> dict[str, Any]:
+    """One half of the run over a configuration's nodes, pooled over nodes and rounds.
+
+    Shares of own (``local_*``) and peers' (``external_*``) groups by outcome;
+    ``external_reward``: mean reward of the peers' groups trained on (each round's mean
+    weighted by its groups); ``clipped``: share of optimiser steps whose gradient the clip
+    scaled down; ``grad_norm``: mean over rounds with a step of the round's largest
+    gradient norm before clipping; ``age_rounds``: mean age of the peers' groups trained
+    on, in the node's rounds. None where nothing was measured.
+    """
+    t: dict[str, float] = {}
+    for n in nodes:
+        for k, v in n["halves"][half].items():
+            t[k] = t.get(k, 0.0) + v
+    mid = rounds // 2
+    out: dict[str, Any] = {"rounds": [0, mid - 1] if half == 0 else [mid, rounds - 1]}
+    for side in ("local", "external"):
+        total = sum(t.get(f"{side}_{kind}", 0.0) for kind in OUTCOMES)
+        out[f"{side}_groups"] = int(total)
+        for kind in OUTCOMES:
+            out[f"{side}_{kind}"] = _ratio(t.get(f"{side}_{kind}", 0.0), total)
+    out["external_reward"] = _ratio(t.get("external_reward", 0.0), t.get("external_reward_groups"))
+    out["steps"] = int(t.get("steps", 0))
+    out["clipped"] = _ratio(t.get("clipped_steps", 0.0), t.get("steps"))
+    out["grad_norm"] = _ratio(t.get("grad_norm", 0.0), t.get("grad_norm_rounds"))
+    out["age_rounds"] = _ratio(t.get("age_rounds", 0.0), t.get("age_groups"))
+    return out
+
+
+def _ratio(x: float, n: float | None) -> float | None:
+    return x / n if n else None
 
 
 def _eval_brief(e: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -688,6 +772,7 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
             "heldout_start": heldout_summary(nodes, "eval_start"),
             "heldout_end": heldout_summary(nodes, "eval_end"),
             "format": format_summary(nodes),
+            "mechanism": [mechanism(nodes, h, rounds) for h in (0, 1)],
             "solver": a.solver,
             "nodes": nodes,
         }
@@ -783,7 +868,50 @@ def render_table(results: dict[str, Any]) -> str:
         "configuration).",
     ]
     lines += _format_table(results)
+    lines += _mechanism_table(results)
     return "\n".join(lines) + "\n"
+
+
+def _mechanism_table(results: dict[str, Any]) -> list[str]:
+    """What sharing did, per configuration and half of the run (``mechanism``)."""
+    lines = [
+        "",
+        "## What sharing did, by half of the run",
+        "",
+        "| I / J | sampling | rounds | own groups: all wrong / all right / signal "
+        "| external groups: all wrong / all right / signal | external reward "
+        "| steps clipped | grad norm | external age (rounds) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def shares(m: dict[str, Any], side: str) -> str:
+        if not m[f"{side}_groups"]:
+            return "–"
+        return " / ".join(_pct(m[f"{side}_{kind}"]) for kind in OUTCOMES)
+
+    def num(x: float | None, digits: int) -> str:
+        return "–" if x is None else f"{x:.{digits}f}"
+
+    for c in results["configurations"]:
+        for m in c.get("mechanism") or []:
+            lo, hi = m["rounds"]
+            clipped = "–" if m["clipped"] is None else _pct(m["clipped"])
+            lines.append(
+                f"| {_label(c)} | {c['sampling']} | {lo}-{hi} | {shares(m, 'local')} "
+                f"| {shares(m, 'external')} | {num(m['external_reward'], 3)} | {clipped} "
+                f"| {num(m['grad_norm'], 2)} | {num(m['age_rounds'], 2)} |"
+            )
+    lines += [
+        "",
+        "- Pooled over the nodes and rounds of each half. Groups: those trained on, own and "
+        "peers' (after the poisoning screen), by outcome: signal (rewards differ), else all "
+        "right (every reward counts as correct) or all wrong.",
+        "- External reward: mean reward of the peers' groups' completions trained on. Steps "
+        "clipped: share of optimiser steps whose gradient norm exceeded the clip. Grad norm: "
+        "mean over rounds with a step of the norm before clipping. External age: rounds "
+        "from a peer's group entering the pool to the round that trained on it.",
+    ]
+    return lines
 
 
 def _label(c: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import random
 import sqlite3
@@ -90,6 +91,8 @@ class Group:
     """One task with its completions (as this node trains them) and this node's rewards.
 
     ``finished[i]``: completion ``i`` ended with the model's end of turn, not at a limit.
+    ``pooled``: for a peer's group, the pool's entry it came from (when it was made and
+    when it arrived).
     """
 
     task: Task
@@ -99,11 +102,22 @@ class Group:
     finished: list[bool]
     rewards: list[float] = field(default_factory=list)
     origin: str = "local"
+    pooled: PooledGroup | None = None
 
     @property
     def has_signal(self) -> bool:
         """Whether the rewards differ, i.e. GRPO gets a gradient from this group."""
         return len(set(self.rewards)) > 1
+
+    def outcome(self, correct_threshold: float) -> str:
+        """What the group gives GRPO: "signal" if its rewards differ (``has_signal``); else
+        "all_right" if they all count as correct (reward >= ``tasks.correct_threshold``: 1
+        with binary rewards), else "all_wrong" (with binary rewards, all 0). Every group
+        has exactly one of the three."""
+        if self.has_signal:
+            return "signal"
+        right = bool(self.rewards) and self.rewards[0] >= correct_threshold
+        return "all_right" if right else "all_wrong"
 
 
 @dataclass(frozen=True)
@@ -264,7 +278,9 @@ class Node:
             )
         else:  # a generating member: its weights are the model's, for good
             self.policy.model.requires_grad_(False)
-        self.pool = Pool.from_config(self.data_dir / "pool.sqlite3", config.pool)
+        self.pool = Pool.from_config(
+            self.data_dir / "pool.sqlite3", config.pool, round_clock=lambda: self.round
+        )
         self.defence: Defence | None = None
         if self.trainer is not None and config.defence.enabled:
             self.defence = Defence(
@@ -333,7 +349,7 @@ class Node:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
         record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
         record.update({f"defence/{k}": v for k, v in sorted(screened.items())})
-        record.update(_age_record(external, self.pool.clock()))
+        record.update(_age_record(theirs, r, self.pool.clock()))
         record.update(self._net_record(published, inbound))
         if self.config.eval.every and (r + 1) % self.config.eval.every == 0:
             with timer("eval"):
@@ -541,6 +557,7 @@ class Node:
             [c.finished for c in done],
             list(pooled.rewards),
             origin=pooled.author,
+            pooled=pooled,
         )
 
     def evaluate(self) -> EvalReport:
@@ -554,7 +571,24 @@ class Node:
     # --- record and state --------------------------------------------------------------
 
     def _record(self, r, local, groups, stats: TrainStats, new_tokens, seconds, moves):
+        """The round's metrics row (README lists every key). What sharing did this round:
+
+        - ``external_reward_mean``: mean reward of the completions of the peers' groups
+          trained on (after the defence's screening, as trained); null with none;
+        - ``local_groups_<kind>``, ``external_groups_<kind>``: own groups and peers' groups
+          trained on, counted by ``Group.outcome`` (kind: ``all_wrong``, ``all_right``,
+          ``signal``); each three sum to ``local_groups`` and ``external_groups``;
+        - ``train/steps``: optimiser steps taken (``ppo_epochs`` unless skipped);
+          ``train/grad_norm``: the last step's gradient norm before clipping (null if not
+          finite); ``train/grad_norm_max``: the largest over the steps taken;
+          ``train/grad_clipped``: the share of the steps taken whose norm exceeded
+          ``train.grad_clip`` (0 or 1 with one step); both null when no step was taken;
+        - ``external_age_rounds`` (mean) and ``external_age_rounds_max``: this node's round
+          minus its round when the group entered its pool (``_age_record``).
+        """
         own = [x for g in local for x in g.rewards]
+        theirs = groups[len(local) :]
+        threshold = self.config.tasks.correct_threshold
         reward_mean = sum(own) / len(own) if own else 0.0
         self.cumulative_reward += reward_mean
         rec: dict[str, Any] = {
@@ -565,6 +599,9 @@ class Node:
             "local_groups": len(local),
             "external_groups": len(groups) - len(local),
             "groups_trained": sum(g.has_signal for g in groups),
+            "external_reward_mean": _mean_or_none([x for g in theirs for x in g.rewards]),
+            **_outcomes("local_groups", local, threshold),
+            **_outcomes("external_groups", theirs, threshold),
             "answer_tag_rate": _mean(
                 [extract_answer(x) is not None for g in local for x in g.texts]
             ),
@@ -593,8 +630,11 @@ class Node:
                 "train/kl": stats.kl,
                 "train/approx_kl": stats.approx_kl,
                 "train/entropy": stats.entropy,
+                "train/steps": stats.steps,
                 "train/skipped_steps": stats.skipped_steps,
-                "train/grad_norm": stats.grad_norm,
+                "train/grad_norm": stats.grad_norm if math.isfinite(stats.grad_norm) else None,
+                "train/grad_norm_max": stats.grad_norm_max if stats.steps else None,
+                "train/grad_clipped": stats.clipped_steps / stats.steps if stats.steps else None,
                 "peak_rss_mb": peak_rss_mb(),
                 "peak_gpu_mb": peak_gpu_mb(self.policy.device),
             }
@@ -669,17 +709,36 @@ def _is_out_of_memory(exc: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text
 
 
-def _age_record(external: Sequence[PooledGroup], now: float) -> dict[str, float]:
-    """How old the peers' groups this round trained on were, from their creation (the
-    author's clock, within the allowed skew) to now; nothing when there were none."""
-    if not external:
+def _age_record(theirs: Sequence[Group], r: int, now: float) -> dict[str, float]:
+    """How old the peers' groups this round trained on were: in seconds from their
+    creation (the author's clock, within the allowed skew) to now, and in this node's
+    rounds from the round in which each entered the pool (0: it arrived at the start of
+    this round) to round ``r``. Nothing when there were none; no rounds for groups pooled
+    before the pool kept them. Ages are never negative (a node that resumed from an older
+    checkpoint runs rounds again)."""
+    pooled = [g.pooled for g in theirs if g.pooled is not None]
+    if not pooled:
         return {}
-    ages = [max(0.0, now - p.group.created_ms / 1000.0) for p in external]
-    return {"external_age_s": _mean(ages), "external_age_s_max": max(ages)}
+    ages = [max(0.0, now - p.group.created_ms / 1000.0) for p in pooled]
+    rec = {"external_age_s": _mean(ages), "external_age_s_max": max(ages)}
+    rounds = [max(0, r - p.received_round) for p in pooled if p.received_round is not None]
+    if rounds:
+        rec |= {"external_age_rounds": _mean(rounds), "external_age_rounds_max": max(rounds)}
+    return rec
+
+
+def _outcomes(prefix: str, groups: Sequence[Group], correct_threshold: float) -> dict[str, int]:
+    """``<prefix>_all_wrong``, ``_all_right`` and ``_signal``: groups of each outcome."""
+    counts = Counter(g.outcome(correct_threshold) for g in groups)
+    return {f"{prefix}_{kind}": counts[kind] for kind in ("all_wrong", "all_right", "signal")}
 
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values)) / len(values) if values else 0.0
+
+
+def _mean_or_none(values: Sequence[float]) -> float | None:
+    return float(sum(values)) / len(values) if values else None
 
 
 def _derive(seed: int, *parts: object) -> int:

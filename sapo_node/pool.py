@@ -18,8 +18,12 @@ task, compared the question and scored every completion with its own verifier
   old on average). An age bound in seconds, rather than in rounds, is what a receiver can
   enforce without trusting anyone: peers' rounds have different lengths, and a round
   number is the sender's word. Within the bound, draws stay uniform (no author or moment
-  is favoured); the age of what each round trains on is a metric (``external_age_s``);
-- persistent: one SQLite file in the data directory, so a restart keeps it;
+  is favoured); the age of what each round trains on is a metric (``external_age_s``),
+  and so is the same age in the receiver's own rounds (``external_age_rounds``: each group
+  keeps the round in which it arrived, ``round_clock``);
+- persistent: one SQLite file in the data directory, so a restart keeps it. A file written
+  before groups kept their arrival round gains the column when opened (its groups' round
+  is unknown: NULL); a version that does not know the column ignores it;
 - accountable: per author, how many groups were accepted and rejected, by reason.
 
 Sampling takes groups out (a node trains on each group once). Policies are pure
@@ -67,12 +71,17 @@ ACCEPTED = "accepted"
 
 @dataclass(frozen=True)
 class PooledGroup:
-    """A peer's group with the rewards this node's own verifier gave its completions."""
+    """A peer's group with the rewards this node's own verifier gave its completions.
+
+    ``received``: when it entered the pool (this node's clock, seconds);
+    ``received_round``: this node's round then (``Pool.round_clock``; None if unknown).
+    """
 
     group: RolloutGroup
     author: str
     rewards: tuple[float, ...]
     received: float = 0.0
+    received_round: int | None = None
 
     @property
     def has_signal(self) -> bool:
@@ -209,7 +218,8 @@ CREATE TABLE IF NOT EXISTS groups (
     rewards TEXT NOT NULL,
     received REAL NOT NULL,
     size INTEGER NOT NULL,
-    message BLOB NOT NULL
+    message BLOB NOT NULL,
+    received_round INTEGER
 );
 CREATE INDEX IF NOT EXISTS groups_author ON groups (author, key);
 CREATE INDEX IF NOT EXISTS groups_received ON groups (received);
@@ -227,7 +237,11 @@ class PoolError(RuntimeError):
 
 
 class Pool:
-    """The bounded, persisted rollout pool (``path=None`` keeps it in memory)."""
+    """The bounded, persisted rollout pool (``path=None`` keeps it in memory).
+
+    ``clock``: seconds now; ``round_clock``: the owning node's round now, kept with each
+    group as it is added (``PooledGroup.received_round``; None: not known).
+    """
 
     def __init__(
         self,
@@ -241,13 +255,14 @@ class Pool:
         burst_per_author: int = 64,
         max_age_s: float = 300.0,
         clock: Callable[[], float] = time.time,
+        round_clock: Callable[[], int | None] = lambda: None,
     ) -> None:
         if sampling not in POLICIES:
             raise ValueError(f"unknown sampling policy {sampling!r}; known: {sorted(POLICIES)}")
         self.sampling = sampling
         self.max_groups, self.max_bytes = max_groups, max_bytes
         self.max_per_author, self.max_age_s = max_per_author, max_age_s
-        self.clock = clock
+        self.clock, self.round_clock = clock, round_clock
         self.path = path
         self.limiter = RateLimiter(rate_per_author, burst_per_author)
         self._lock = threading.Lock()
@@ -264,7 +279,13 @@ class Pool:
             self._expire(self.clock())
 
     @classmethod
-    def from_config(cls, path: Path | None, section, clock: Callable[[], float] = time.time):
+    def from_config(
+        cls,
+        path: Path | None,
+        section,
+        clock: Callable[[], float] = time.time,
+        round_clock: Callable[[], int | None] = lambda: None,
+    ):
         return cls(
             path,
             sampling=section.sampling,
@@ -275,6 +296,7 @@ class Pool:
             burst_per_author=section.burst_per_author,
             max_age_s=section.max_age_s,
             clock=clock,
+            round_clock=round_clock,
         )
 
     # --- admission ----------------------------------------------------------------------
@@ -303,8 +325,15 @@ class Pool:
             cand_fields = (item.author, item.group.ref.family, reward_spread(item.rewards), now)
             cur = self._db.execute(
                 "INSERT OR IGNORE INTO groups (digest, author, family, spread, received, "
-                "rewards, size, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (digest, *cand_fields, json.dumps(list(item.rewards)), len(data), bytes(data)),
+                "rewards, size, message, received_round) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    digest,
+                    *cand_fields,
+                    json.dumps(list(item.rewards)),
+                    len(data),
+                    bytes(data),
+                    self.round_clock(),
+                ),
             )
             if cur.rowcount:
                 self._remember(Candidate(cur.lastrowid, *cand_fields), len(data))
@@ -349,15 +378,18 @@ class Pool:
                         break
             out = []
             for key in keys:
-                author, rewards, received, message = self._db.execute(
-                    "SELECT author, rewards, received, message FROM groups WHERE key = ?", (key,)
+                author, rewards, received, received_round, message = self._db.execute(
+                    "SELECT author, rewards, received, received_round, message FROM groups "
+                    "WHERE key = ?",
+                    (key,),
                 ).fetchone()
                 self._delete([key])
                 group = wire.decode(message)
                 if isinstance(group, wire.Rejection):  # written by an older version of us
                     log.warning("dropping an unreadable pooled group", reason=group.reason)
                     continue
-                out.append(PooledGroup(group, author, tuple(json.loads(rewards)), received))
+                scored = tuple(json.loads(rewards))
+                out.append(PooledGroup(group, author, scored, received, received_round))
             self._flush_counts()
             return out
 
@@ -530,6 +562,9 @@ def _connect(where: str) -> sqlite3.Connection:
                 f"schema version {version}, this node uses {SCHEMA_VERSION}"
             )
         db.executescript(_SCHEMA)
+        columns = {name for _, name, *_ in db.execute("PRAGMA table_info(groups)")}
+        if "received_round" not in columns:  # written before groups kept their round
+            db.execute("ALTER TABLE groups ADD COLUMN received_round INTEGER")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.isolation_level = ""  # "with db:" makes one transaction
     except sqlite3.Error:

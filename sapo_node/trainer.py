@@ -168,6 +168,12 @@ class TrainStats:
     ``clip_frac``, ``approx_kl`` (k3 of KL(old || new)), ``kl`` (to the reference) and
     ``entropy`` (nats, of the sampled distribution) are means over completion tokens,
     weighted like the loss. ``skipped_steps``: steps not taken for a non-finite gradient.
+
+    Gradient norms are the total norm over the trainable parameters before clipping, as
+    ``clip_grad_norm_`` returns it (after unscaling, in float16). ``grad_norm``: the last
+    step's (not finite if it was skipped); ``grad_norm_max``: the largest over the steps
+    taken; ``clipped_steps``: steps taken whose norm exceeded ``train.grad_clip``, i.e.
+    whose gradient the clip scaled down (never with ``grad_clip = 0``).
     """
 
     sequences: int = 0
@@ -180,6 +186,8 @@ class TrainStats:
     approx_kl: float = 0.0
     entropy: float = 0.0
     grad_norm: float = 0.0
+    grad_norm_max: float = 0.0
+    clipped_steps: int = 0
 
 
 @dataclass
@@ -440,6 +448,9 @@ class Trainer:
                 stats.grad_norm = norm
                 if math.isfinite(norm):
                     stats.steps += 1
+                    stats.grad_norm_max = max(stats.grad_norm_max, norm)
+                    clip = self.settings.grad_clip
+                    stats.clipped_steps += int(0 < clip < norm)
                 else:
                     stats.skipped_steps += 1
                 stats.loss = sums.pop("loss")

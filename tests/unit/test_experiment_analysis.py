@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import doctest
+import json
+
 import pytest
 
+from sapo_node import experiment
 from sapo_node.experiment import (
+    OUTCOMES,
     Deferred,
     ExperimentSpec,
     analyse,
@@ -69,6 +74,108 @@ def test_incomplete_configurations_are_marked() -> None:
     (c,) = results["configurations"]
     assert not c["complete"] and c["rounds_done"] == 1 and c["heldout_end"] is None
     assert "(1 rounds)" in render_table(results)
+
+
+def _row(
+    round_: int,
+    local: tuple[int, int, int],
+    external: tuple[int, int, int] = (0, 0, 0),
+    reward: float | None = None,
+    age: float | None = None,
+    steps: int = 1,
+    clipped: float | None = None,
+    norm: float | None = None,
+) -> dict:
+    """A metrics row with the facts of sharing: group counts (all wrong, all right,
+    signal), the peers' groups' reward and age in rounds, the round's steps and clip."""
+    row = {
+        "round": round_,
+        "reward_mean": 0.1,
+        "local_groups": sum(local),
+        "external_groups": sum(external),
+        "external_reward_mean": reward,
+        "train/steps": steps,
+        "train/grad_clipped": clipped,
+        "train/grad_norm_max": norm,
+    }
+    for side, counts in (("local", local), ("external", external)):
+        row |= {f"{side}_groups_{k}": n for k, n in zip(OUTCOMES, counts, strict=True)}
+    if age is not None:
+        row["external_age_rounds"] = age
+    return row
+
+
+def test_the_facts_of_sharing_are_tabulated_per_half_of_the_run() -> None:
+    spec = ExperimentSpec.model_validate(
+        {"experiment": {"nodes": 2, "rounds": 4, "grid": ["2/0", "1/1"]}}
+    )
+    later = [
+        _row(2, (2, 0, 0), (1, 0, 1), reward=0.25, age=0.5, steps=0),  # no step
+        _row(3, (0, 0, 2), (0, 0, 3), reward=0.75, age=2.0, clipped=1.0, norm=3.0),
+    ]
+    first = [
+        _row(0, (1, 0, 1), clipped=1.0, norm=2.0),  # no peers' group yet
+        _row(1, (0, 1, 1), (0, 0, 1), reward=0.5, age=1.0, clipped=0.0, norm=0.5),
+    ]
+    other = [_row(0, (0, 0, 2), steps=2, clipped=0.5, norm=1.0), first[1]]  # 2 steps, 1 clipped
+    shared = [node_summary(first + later, [], 4), node_summary(other + later, [], 4)]
+    old = [{"round": r, "reward_mean": 0.1} for r in range(4)]  # metrics without the facts
+    alone = [node_summary(old, [], 4) for _ in range(2)]
+    results = analyse(spec, {"2/0": alone, "1/1": shared})
+    json.dumps(results, allow_nan=False)
+    base, s = results["configurations"]
+    one, two = s["mechanism"]
+    assert one == {
+        "rounds": [0, 1],
+        "local_groups": 8,
+        "local_all_wrong": 1 / 8,
+        "local_all_right": 2 / 8,
+        "local_signal": 5 / 8,
+        "external_groups": 2,
+        "external_all_wrong": 0.0,
+        "external_all_right": 0.0,
+        "external_signal": 1.0,
+        "external_reward": 0.5,
+        "steps": 5,
+        "clipped": 2 / 5,  # of steps, not of rounds
+        "grad_norm": pytest.approx(1.0),  # (2.0 + 0.5 + 1.0 + 0.5) / 4 rounds with a step
+        "age_rounds": 1.0,
+    }
+    assert two["rounds"] == [2, 3] and two["local_groups"] == 8 and two["external_groups"] == 10
+    assert [two[f"local_{k}"] for k in OUTCOMES] == [0.5, 0.0, 0.5]
+    assert [two[f"external_{k}"] for k in OUTCOMES] == [0.2, 0.0, 0.8]
+    # weighted by the rounds' peers' groups: (2 x 0.25 + 3 x 0.75) / 5, not (0.25 + 0.75) / 2
+    assert two["external_reward"] == pytest.approx(0.55)
+    assert two["age_rounds"] == pytest.approx(1.4)  # (2 x 0.5 + 3 x 2.0) / 5
+    assert two["steps"] == 2 and two["clipped"] == 1.0 and two["grad_norm"] == 3.0
+    for m in base["mechanism"]:  # nothing measured: None, not 0
+        assert m["local_groups"] == m["external_groups"] == m["steps"] == 0
+        assert {k: v for k, v in m.items() if v is not None} == {
+            "rounds": m["rounds"],
+            "local_groups": 0,
+            "external_groups": 0,
+            "steps": 0,
+        }
+    table = render_table(results)
+    assert (
+        "| 1/1 | paper | 0-1 | 12.5% / 25.0% / 62.5% | 0.0% / 0.0% / 100.0% | 0.500 | 40.0% "
+        "| 1.00 | 1.00 |" in table
+    )
+    assert (
+        "| 1/1 | paper | 2-3 | 50.0% / 0.0% / 50.0% | 20.0% / 0.0% / 80.0% | 0.550 | 100.0% "
+        "| 3.00 | 1.40 |" in table
+    )
+    assert "| 2/0 | paper | 2-3 | – | – | – | – | – | – |" in table
+
+
+def test_halves_of_an_odd_run_and_rows_past_it() -> None:
+    rows = [_row(r, (1, 0, 0)) for r in range(6)]  # round 5 is past a 5-round run
+    s = node_summary(rows, [], 5)
+    assert [h["local_all_wrong"] for h in s["halves"]] == [2, 3]
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(experiment).failed == 0
 
 
 def test_eval_schedule() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import doctest
 import functools
 import random
+import sqlite3
 from collections import Counter
 from pathlib import Path
 
@@ -256,6 +257,38 @@ def test_close_and_reopen_keeps_groups_seen_digests_and_counts(tmp_path: Path) -
     assert len(third) == 0
     assert third.counts()["b"]["question_mismatch"] == 2
     third.close()
+
+
+def test_a_group_keeps_the_round_it_arrived_in_across_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "pool.sqlite3"
+    now = {"round": 3}
+    pool = make_pool(path, round_clock=lambda: now["round"])
+    put(pool, "a", 0)
+    now["round"] = 5
+    put(pool, "a", 1)
+    pool.close()
+    again = make_pool(path)  # whatever its clock says now, what was kept is kept
+    got = {number(g): g.received_round for g in again.sample(10, random.Random(0))}
+    assert got == {0: 3, 1: 5}
+    put(again, "a", 2)  # no round clock: not known
+    assert [g.received_round for g in again.sample(10, random.Random(0))] == [None]
+    again.close()
+
+
+def test_a_file_from_before_arrival_rounds_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "pool.sqlite3"
+    pool = make_pool(path)
+    put(pool, "a", 0)
+    pool.close()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE groups DROP COLUMN received_round")  # as the old schema had it
+    db.commit()
+    db.close()
+    again = make_pool(path, round_clock=lambda: 7)
+    put(again, "a", 1)
+    got = {number(g): g.received_round for g in again.sample(10, random.Random(0))}
+    assert got == {0: None, 1: 7}
+    again.close()
 
 
 def test_a_corrupt_file_is_moved_aside_and_the_pool_starts_empty(tmp_path: Path) -> None:

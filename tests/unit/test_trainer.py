@@ -107,6 +107,36 @@ def test_several_ppo_epochs_make_the_clip_act(policy) -> None:
     assert stats.clip_frac > 0  # old log-probs are real: later steps' ratios leave the band
 
 
+def _grad_norm(policy, samples: list[Sample]) -> float:
+    """The total gradient norm of one epoch, computed on a copy without any step."""
+    twin = copy.deepcopy(policy)
+    Trainer(twin, TrainSection(), max_new_tokens=16).gradients(samples)
+    grads = [p.grad.flatten() for p in twin.trainable_parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.cat(grads)))
+
+
+@pytest.mark.parametrize(("clip_at", "clipped"), [(0.5, 1), (2.0, 0), (None, 0)])
+def test_a_step_reports_its_gradient_norm_before_clipping_and_whether_it_was_clipped(
+    policy, clip_at: float | None, clipped: int
+) -> None:
+    """clip_at: the clip as a multiple of the step's gradient norm (None: no clip)."""
+    samples = _samples()
+    norm = _grad_norm(policy, samples)
+    grad_clip = 0.0 if clip_at is None else clip_at * norm
+    trainer = Trainer(policy, TrainSection(lr=1e-2, grad_clip=grad_clip), max_new_tokens=16)
+    stats = trainer.step(samples)
+    assert stats.steps == 1
+    assert stats.grad_norm == stats.grad_norm_max == pytest.approx(norm, rel=1e-4)
+    assert stats.clipped_steps == clipped
+
+
+def test_several_epochs_report_their_largest_norm_and_every_clipped_step(policy) -> None:
+    trainer = Trainer(policy, TrainSection(lr=5e-2, ppo_epochs=3, grad_clip=1e-6), 16)
+    stats = trainer.step(_samples())
+    assert stats.steps == stats.clipped_steps == 3
+    assert stats.grad_norm_max >= stats.grad_norm > 0
+
+
 def test_empty_and_interrupted_steps_change_nothing(policy) -> None:
     before = {n: t.detach().clone() for n, t in policy.model.named_parameters()}
     trainer = Trainer(policy, TrainSection(lr=1e-2), max_new_tokens=16)
@@ -246,6 +276,7 @@ def test_a_nan_loss_skips_the_step(policy, caplog) -> None:
     stats = trainer.step(bad)
     assert stats.steps == 0 and stats.skipped_steps == 1
     assert not torch.isfinite(torch.tensor(stats.grad_norm))
+    assert stats.grad_norm_max == 0.0 and stats.clipped_steps == 0  # over steps taken
     for n, t in policy.model.named_parameters():
         assert torch.equal(before[n], t), n
     assert trainer.step(_samples()).steps == 1  # the next round trains again

@@ -1,0 +1,202 @@
+"""What sharing did, per round, in metrics.jsonl (issue 28): the peers' groups' reward, own
+and peers' groups by outcome, the gradient clip and the age of the peers' groups in rounds.
+
+Real nodes on the tiny model, in process over the in-memory hub; every figure is recomputed
+from the groups the round actually trained on (captured on their way to the trainer)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from sapo_node import node as node_module
+from sapo_node import wire
+from sapo_node.config import load_config
+from sapo_node.metrics import MetricsLog, read_metrics
+from sapo_node.net.memory import MemoryHub
+from sapo_node.node import Group, Node
+from sapo_node.tasks import TaskRef, generator_of, make_task
+from tests.support.nodes import sevens_overrides
+
+SEVENS = "tests.support.families:Sevens"
+THRESHOLD = 0.999  # tasks.correct_threshold's default: what counts as correct
+KINDS = ("all_wrong", "all_right", "signal")
+
+
+def _node(model_dir: Path, data_dir: Path, seed: int, defence: bool = True, **train) -> Node:
+    overrides = sevens_overrides(
+        model_dir,
+        data_dir,
+        node={"seed": seed},
+        generation={"max_new_tokens": 8, "completions_per_task": 8},  # ~half with a 7
+        train={"lr": 1e-2, "local_groups": 3, "external_groups": 2, **train},
+        pool={"sampling": "uniform"},  # groups without signal are taken too
+        defence={"enabled": defence, "max_author_share": 1.0},  # one peer may fill all J
+    )
+    return Node(load_config(overrides=overrides, environ={}))
+
+
+@pytest.fixture()
+def trained(monkeypatch) -> list[list[Group]]:
+    """Each round's groups as passed to the trainer (own, then the peers' as screened)."""
+    seen: list[list[Group]] = []
+    real = node_module.training_set
+
+    def spy(groups, scale):
+        seen.append(list(groups))
+        return real(groups, scale)
+
+    monkeypatch.setattr(node_module, "training_set", spy)
+    return seen
+
+
+def _kind(rewards: list[float]) -> str:
+    """The outcome, written out independently of ``Group.outcome``."""
+    if max(rewards) != min(rewards):
+        return "signal"
+    return "all_right" if all(x >= THRESHOLD for x in rewards) else "all_wrong"
+
+
+def _expected(groups: list[Group], r: int) -> dict:
+    own = [g for g in groups if g.origin == "local"]
+    theirs = [g for g in groups if g.origin != "local"]
+    out: dict = {}
+    for side, gs in (("local_groups", own), ("external_groups", theirs)):
+        out[side] = len(gs)
+        for kind in KINDS:
+            out[f"{side}_{kind}"] = sum(_kind(g.rewards) == kind for g in gs)
+    rewards = [x for g in theirs for x in g.rewards]
+    out["external_reward_mean"] = sum(rewards) / len(rewards) if rewards else None
+    ages = [r - g.pooled.received_round for g in theirs]
+    out["external_age_rounds"] = sum(ages) / len(ages) if ages else None
+    out["external_age_rounds_max"] = max(ages) if ages else None
+    return out
+
+
+def test_two_sharing_nodes_record_what_they_trained_on(
+    tiny_model_dir: Path, tmp_path: Path, trained: list[list[Group]]
+) -> None:
+    hub = MemoryHub()
+    clips = {"a": 1e-6, "b": 1e6}  # a: every step clipped; b: none
+    nodes = {
+        name: _node(tiny_model_dir, tmp_path / name, seed, grad_clip=clips[name])
+        for name, seed in (("a", 1), ("b", 2))
+    }
+    for name, n in nodes.items():
+        n.transport = hub.join(name)
+    rows: dict[str, list[dict]] = {"a": [], "b": []}
+    try:
+        for r in range(4):
+            for name, n in nodes.items():
+                before = len(trained)
+                rec = n.run_round(r)
+                assert len(trained) == before + 1
+                rows[name].append((rec, trained[-1]))
+                n.metrics.append(rec)  # JSON without NaN: every fact serialises
+                n.round = r + 1
+        for n in nodes.values():
+            assert [x["round"] for x in read_metrics(n.metrics.path)] == [0, 1, 2, 3]
+    finally:
+        for n in nodes.values():
+            n.close()
+
+    external_rounds = 0
+    for name, pairs in rows.items():
+        steps = 0
+        for r, (rec, groups) in enumerate(pairs):
+            want = _expected(groups, r)
+            for side in ("local_groups", "external_groups"):
+                assert sum(rec[f"{side}_{k}"] for k in KINDS) == rec[side] == want[side]
+                for kind in KINDS:
+                    assert rec[f"{side}_{kind}"] == want[f"{side}_{kind}"], (name, r, side)
+            assert (
+                rec["local_groups_signal"] + rec["external_groups_signal"]
+                == (rec["groups_trained"])
+            )
+            if want["external_groups"]:
+                external_rounds += 1
+                assert rec["external_reward_mean"] == pytest.approx(want["external_reward_mean"])
+                assert rec["external_age_rounds"] == pytest.approx(want["external_age_rounds"])
+                assert rec["external_age_rounds_max"] == want["external_age_rounds_max"]
+                # a group enters the pool at the start of a round, or between two rounds
+                assert all(0 <= g.pooled.received_round <= r for g in groups if g.pooled)
+            else:
+                assert rec["external_reward_mean"] is None
+                assert "external_age_rounds" not in rec and "external_age_s" not in rec
+            if rec["train/steps"]:
+                steps += 1
+                norm = rec["train/grad_norm_max"]
+                assert norm == rec["train/grad_norm"] > 0  # one step: its norm
+                assert rec["train/grad_clipped"] == float(norm > clips[name])
+                assert rec["train/grad_clipped"] == (1.0 if name == "a" else 0.0)
+            else:
+                assert rec["train/grad_norm_max"] is None and rec["train/grad_clipped"] is None
+        assert steps, f"node {name} never trained"
+    assert external_rounds >= 4  # each node took peers' groups in rounds 1-3 at least
+
+
+def _crafted(index: int, completions: tuple[str, ...]) -> wire.RolloutGroup:
+    ref = TaskRef.make(SEVENS, {}, 99, index)
+    return wire.RolloutGroup(
+        ref,
+        generator_of(SEVENS),
+        make_task(ref).question,
+        completions,
+        model="tiny",
+        round=0,
+        created_ms=int(time.time() * 1000),
+    )
+
+
+def test_peers_groups_of_every_outcome_are_counted_and_aged_in_rounds(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Known groups from a peer: all right, all wrong, one with signal; received while the
+    node was at round 1 and trained on in round 3."""
+    # defences off: the peer's completions train as sent
+    node = _node(tiny_model_dir, tmp_path / "n", 3, False, local_groups=1, external_groups=3)
+    try:
+        node.round = 1
+        crafted = {
+            "all_right": ("7777", "7777", "7777", "7777"),
+            "all_wrong": ("abcd", "abcd", "xyz", "ab"),
+            "signal": ("7777", "abcd", "77ab", "ab"),
+        }
+        for i, texts in enumerate(crafted.values()):
+            verdict = node.receive(wire.encode(_crafted(i, texts)), "peer-a")
+            assert verdict.outcome == "accepted", verdict
+        rewards = [1.0] * 4 + [0.0] * 4 + [1.0, 0.0, 0.5, 0.0]
+        node.round = 3
+        rec = node.run_round(3)
+    finally:
+        node.close()
+    assert rec["external_groups"] == 3
+    assert [rec[f"external_groups_{k}"] for k in KINDS] == [1, 1, 1]
+    assert rec["external_reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+    assert rec["external_age_rounds"] == rec["external_age_rounds_max"] == 2
+    assert 0 <= rec["external_age_s"] < 60
+
+
+def test_a_skipped_step_records_no_norm_and_still_serialises(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A non-finite gradient norm skips the step (trainer.py); the row says so with nulls
+    (JSON has no NaN) instead of failing to be written."""
+    node = _node(tiny_model_dir, tmp_path / "n", 4, local_groups=4, external_groups=0)
+    monkeypatch.setattr(node.trainer, "_apply_gradients", lambda: math.nan)
+    try:
+        for r in range(6):
+            rec = node.run_round(r)
+            if rec["train/skipped_steps"]:
+                break
+        else:
+            pytest.fail("no round had a group with signal")
+        MetricsLog(tmp_path / "m.jsonl").append(rec)
+    finally:
+        node.close()
+    assert rec["train/steps"] == 0
+    assert rec["train/grad_norm"] is None
+    assert rec["train/grad_norm_max"] is None and rec["train/grad_clipped"] is None
