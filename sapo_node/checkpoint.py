@@ -57,6 +57,18 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def verify_hashes(path: Path, remedy: str) -> None:
+    """Check each file of checkpoint ``path`` against its manifest's hash: CheckpointError
+    names the first that differs, then ``remedy``. An unreadable manifest raises what
+    reading it raised (OSError, ValueError, KeyError, TypeError)."""
+    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    for name, digest in manifest["files"].items():
+        if _sha256(path / name) != digest:
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: {name} does not match its hash; {remedy}"
+            )
+
+
 def _fsync_file(path: Path) -> None:
     with path.open("rb") as f:
         os.fsync(f.fileno())
@@ -157,13 +169,7 @@ class CheckpointStore:
     def load(self, path: Path, fingerprint: dict[str, Any]) -> Checkpoint:
         """Verify and read a checkpoint made for a node with ``fingerprint``."""
         try:
-            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-            for name, digest in manifest["files"].items():
-                if _sha256(path / name) != digest:
-                    raise CheckpointError(
-                        f"checkpoint {path} is corrupt: {name} does not match its hash; "
-                        "remove this checkpoint directory and point LATEST at an older one"
-                    )
+            verify_hashes(path, "remove this checkpoint directory and point LATEST at an older one")
             state = json.loads((path / STATE).read_text(encoding="utf-8"))
             weights = load_file(str(path / WEIGHTS))
             optimizer = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)

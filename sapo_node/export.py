@@ -91,20 +91,14 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from sapo_node.checkpoint import FORMAT, MANIFEST, STATE, WEIGHTS, _sha256
+    from sapo_node.checkpoint import FORMAT, STATE, WEIGHTS, CheckpointError, verify_hashes
 
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-        for name, digest in manifest["files"].items():
-            if _sha256(path / name) != digest:
-                raise ExportError(
-                    f"checkpoint {path} is corrupt: {name} does not match its hash; export "
-                    "an older one with --checkpoint"
-                )
+        verify_hashes(path, "export an older one with --checkpoint")
         state = json.loads((path / STATE).read_text(encoding="utf-8"))
         weights = load_file(str(path / WEIGHTS))
-    except ExportError:
-        raise
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from None
     except (OSError, KeyError, ValueError, TypeError, SafetensorError) as exc:
         raise ExportError(f"checkpoint {path} cannot be read: {exc}") from None
     if state.get("format") != FORMAT:

@@ -41,8 +41,13 @@ def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(tmp_path: Path) -> Non
     data = bytearray((path / "weights.safetensors").read_bytes())
     data[-1] ^= 0xFF
     (path / "weights.safetensors").write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="corrupt"):
+    with pytest.raises(CheckpointError, match="corrupt.*point LATEST at an older one"):
         store.load(store.latest(), FP)
+    # export checks the same hashes, and says what to do in its own terms
+    from sapo_node.export import ExportError, read_checkpoint
+
+    with pytest.raises(ExportError, match="weights.safetensors does not match.*--checkpoint"):
+        read_checkpoint(path)
 
 
 def test_truncated_checkpoint(tmp_path: Path) -> None:
