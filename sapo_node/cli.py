@@ -276,7 +276,7 @@ def _on_signals(stop: threading.Event, log: Any) -> None:
 
 def _check_ports(cfg: Any) -> None:
     from sapo_node.net import NetError
-    from sapo_node.net.host import check_ports_free
+    from sapo_node.net.ports import check_ports_free
 
     try:
         import multiaddr

@@ -67,7 +67,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -77,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from sapo_node.config import Config
+from sapo_node.net.ports import bind_error
 
 MiB = 2**20
 GiB = 2**30
@@ -740,20 +740,6 @@ def check_disk(need: int, free: int, data_dir: Path) -> Check:
 # --- port, identity, lock, checkpoint --------------------------------------------------
 
 
-def _bind_error(host: str, port: int) -> OSError | None:
-    """Why a TCP listener cannot be bound at (host, port), or None: bound as ``start``
-    binds it (SO_REUSEADDR, then listen), and released at once."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            s.listen(1)
-        except OSError as exc:
-            return exc
-    return None
-
-
 def check_port(listen: Sequence[str], enabled: bool = True) -> Check:
     """Each TCP port the node would listen on is free to bind (as ``start`` checks it)."""
     if not enabled:
@@ -767,7 +753,7 @@ def check_port(listen: Sequence[str], enabled: bool = True) -> Check:
         if port == 0:
             ports.append(f"{host}:any")
             continue
-        exc = _bind_error(host, port)
+        exc = bind_error(host, port)
         if exc is not None and exc.errno == errno.EADDRINUSE:
             return _fail(
                 "port",
@@ -797,7 +783,7 @@ def check_status_port(listen: str, enabled: bool = True) -> Check:
         return _fail(name, str(exc), "give --status-listen HOST:PORT")
     if port == 0:
         return _pass(name, f"{host}: any free port")
-    exc = _bind_error(host, port)
+    exc = bind_error(host, port)
     if exc is None:
         return _pass(name, f"free to serve on {listen}")
     busy = exc.errno == errno.EADDRINUSE

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import errno
 import hashlib
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 import weakref
@@ -61,6 +59,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from sapo_node import wire
 from sapo_node.logs import configure_logging
 from sapo_node.net import NetError, count_refusal, identity, ipc
+from sapo_node.net.ports import check_ports_free
 from sapo_node.pool import RateLimiter
 
 log = structlog.get_logger("sapo_node.net")
@@ -382,35 +381,6 @@ def score_params() -> ScoreParams:
         graylist_threshold=-50.0,
         accept_px_threshold=0.0,
     )
-
-
-def check_ports_free(addrs: list[multiaddr.Multiaddr]) -> None:
-    """trap 11: the library binds with SO_REUSEPORT, so a second node on the same port
-    starts without error and receives nothing. Bind each port ourselves first."""
-    for addr in addrs:
-        try:
-            port = int(addr.value_for_protocol("tcp"))
-        except Exception:
-            continue
-        if port == 0:
-            continue
-        host, family = (
-            (addr.value_for_protocol("ip6"), socket.AF_INET6)
-            if "/ip6/" in str(addr)
-            else (addr.value_for_protocol("ip4"), socket.AF_INET)
-        )
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-                s.listen(1)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    raise NetError(
-                        f"port {port} on {host} is in use (another sapo-node?); pass "
-                        f"--listen /ip4/{host}/tcp/OTHER_PORT or stop the other program"
-                    ) from None
-                raise NetError(f"cannot listen on {addr}: {exc}") from None
 
 
 _interfaces: tuple[float, list[str]] = (0.0, [])
