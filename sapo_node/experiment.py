@@ -78,6 +78,7 @@ from sapo_node.stats import bootstrap_interval, sign_flip_p, smallest_p, wilson_
 log = structlog.get_logger(__name__)
 
 PARKED = "in-flight.json"  # messages between nodes when a run stopped
+START_EVALS = "start-eval"  # OUT/start-eval/node-<i>.json: node i's evaluation before training
 SEED_SPACING = 2**40  # node seeds this far apart: their task streams never overlap
 SOLVER_INDEX = 10**6  # the solver member of replicate k has the seed of node SOLVER_INDEX + k
 Sampling = Literal["paper", "uniform", "balanced"]
@@ -390,16 +391,18 @@ def run_arm(
 
 
 def _swarm_done(spec: ExperimentSpec, a: Arm, out: Path, indices: list[int]) -> bool:
-    """Whether every node of a swarm has its last round checkpointed and evaluated."""
-    from sapo_node.checkpoint import CheckpointStore
+    """Whether every node of a swarm has its metrics of every round and its final
+    evaluation (taken after its last checkpoint). Checkpoints are not needed: a finished
+    swarm's metrics.jsonl and eval.jsonl, copied into a new OUT, count as finished."""
+    from sapo_node.metrics import read_metrics
 
     rounds = spec.experiment.rounds
     for i in indices:
         d = out / a.dirname / f"node-{i}"
-        latest = CheckpointStore(d).latest() if (d / "checkpoints").exists() else None
-        if latest is None or latest.name != f"round-{rounds:06d}":
+        if rounds not in EvalLog(d / "eval.jsonl").rounds() or not (d / "metrics.jsonl").exists():
             return False
-        if not any(eval_due(spec, k) and k == rounds for k in EvalLog(d / "eval.jsonl").rounds()):
+        done = {int(r["round"]) for r in read_metrics(d / "metrics.jsonl")}
+        if not set(range(rounds)) <= done:
             return False
     return True
 
@@ -474,7 +477,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             node.transport.unpark(data_dir / PARKED)
             evals.append(EvalLog(data_dir / "eval.jsonl"))
             evals[-1].keep_up_to(node.round)
-        _evaluate_due(spec, nodes, evals, indices, stop, progress, a)
+        _evaluate_due(spec, nodes, evals, indices, stop, progress, a, out)
         for r in range(min(n.round for n in nodes), rounds):
             for node in nodes:
                 if node.round != r or stop.is_set():
@@ -500,7 +503,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 solver.transport.flush(r)
             for node in nodes:
                 node.transport.flush(r)
-            _evaluate_due(spec, nodes, evals, indices, stop, progress, a)
+            _evaluate_due(spec, nodes, evals, indices, stop, progress, a, out)
         return not stop.is_set()
     finally:
         for node in nodes:
@@ -513,14 +516,27 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             solver.close()
 
 
-def _evaluate_due(spec, nodes, evals, indices, stop, progress, a: Arm) -> None:
+def _evaluate_due(spec, nodes, evals, indices, stop, progress, a: Arm, out: Path) -> None:
+    """Evaluate the nodes that are due. Before training, node i is the same model in every
+    configuration (same seed, same weights, the sampling RNG fixed by eval.seed): its
+    start evaluation is computed once, kept in OUT/start-eval/, and reused by the others."""
     for node, log_, index in zip(nodes, evals, indices, strict=True):
         if stop.is_set() or not eval_due(spec, node.round) or node.round in log_.rounds():
+            continue
+        kept = out / START_EVALS / f"node-{index}.json"
+        if node.round == 0 and kept.exists():
+            log_.append(json.loads(kept.read_text(encoding="utf-8")))
             continue
         report = node.evaluate()
         if stop.is_set():
             return
-        log_.append({"round": node.round, **report.metrics()})
+        record = {"round": node.round, **report.metrics()}
+        log_.append(record)
+        if node.round == 0:
+            from sapo_node.checkpoint import write_text_atomic
+
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(kept, json.dumps(record) + "\n")
         progress(
             f"{a.label} node {index} held-out eval after {node.round} rounds: "
             f"greedy {report.metrics()['eval/greedy']:.3f}, "

@@ -120,6 +120,21 @@ def test_experiment_runs_stops_resumes_and_reports(
     assert (out / "reward_curves.png").stat().st_size > 0
     assert (out / "heldout.png").stat().st_size > 0
 
+    # node i's start evaluation ran once and every configuration holds the same
+    for i in range(2):
+        kept = json.loads((out / "start-eval" / f"node-{i}.json").read_text())
+        for a in arms(spec):
+            assert _rows(out / a.dirname / f"node-{i}" / "eval.jsonl")[0] == kept
+    # a finished swarm's metrics and evaluations, without checkpoints, count as finished
+    moved = tmp_path / "moved"
+    for i in range(2):
+        (moved / "4-0" / f"node-{i}").mkdir(parents=True)
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            src = out / "4-0" / f"node-{i}" / name
+            (moved / "4-0" / f"node-{i}" / name).write_text(src.read_text())
+    assert run_experiment(spec, moved, only=["4/0"])
+    assert not list(moved.glob("4-0/node-*/checkpoints"))
+
     capsys.readouterr()
     main(["experiment", str(spec_file), "--out", str(out), "--report-only"])
     assert "| 1/3 | uniform |" in capsys.readouterr().out
