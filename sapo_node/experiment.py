@@ -724,10 +724,16 @@ def _eval_brief(e: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def heldout_summary(nodes: Sequence[dict[str, Any]], which: str) -> dict[str, Any] | None:
     """Held-out accuracy over tasks x nodes: greedy with a Wilson interval, pass@1 with a
-    percentile bootstrap over the (node, task) cells."""
+    percentile bootstrap over the (node, task) cells. At the start (``eval_start``) every
+    node is the same untrained model under the same eval seed: copies of its answers are
+    not independent cells, so identical start evaluations count once (``models``: how
+    many distinct evaluations were pooled)."""
     evals = [n[which] for n in nodes]
     if not evals or any(e is None for e in evals):
         return None
+    if which == "eval_start":
+        distinct = {json.dumps([e["per_task_greedy"], e["per_task_pass1"]]): e for e in evals}
+        evals = list(distinct.values())
     greedy = [x for e in evals for x in e["per_task_greedy"]]
     pass1 = [x for e in evals for x in e["per_task_pass1"]]
     return {
@@ -736,6 +742,7 @@ def heldout_summary(nodes: Sequence[dict[str, Any]], which: str) -> dict[str, An
         "pass1": sum(pass1) / len(pass1) if pass1 else 0.0,
         "pass1_ci95": list(bootstrap_interval(pass1)),
         "cells": len(greedy),
+        "models": len(evals),
     }
 
 

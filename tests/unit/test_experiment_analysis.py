@@ -58,6 +58,9 @@ def test_analysis_of_known_runs() -> None:
     assert hi == 1.0 and lo == pytest.approx(0.6756, abs=1e-3)  # Wilson, 8 of 8
     assert s["heldout_end"]["pass1_ci95"] == [0.5, 0.5]
     assert b["heldout_start"]["greedy"] == 0.0
+    # every node starts as the same model: its 2 answers count once, not 4 times
+    assert b["heldout_start"]["cells"] == 2 and b["heldout_start"]["models"] == 1
+    assert s["heldout_end"]["models"] == 4  # trained nodes are distinct models
     assert results["smallest_p"] == 0.125 and b["complete"] and s["complete"]
     table = render_table(results)
     assert "| 1/1 | paper | 2.00 | 2.50x | 0.125 |" in table
