@@ -1,0 +1,506 @@
+"""The experiment's analysis and report: per-node summaries, the paired tests against
+J = 0, the markdown tables, the plots, and ``report``, which writes them from OUT."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sapo_node.experiment.spec import EvalLog, ExperimentSpec, arms, node_seed
+from sapo_node.stats import bootstrap_interval, sign_flip_p, smallest_p, wilson_interval
+
+
+def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], rounds: int):
+    """One node's figures from its metrics rows and evaluations."""
+    done = [r for r in rows if r["round"] < rounds]
+    by_round = {int(e["round"]): e for e in evals}
+    start, end = by_round.get(0), by_round.get(rounds)
+    return {
+        "rounds": len(done),
+        "cumulative_reward": sum(r["reward_mean"] for r in done),
+        "rewards": [r["reward_mean"] for r in sorted(done, key=lambda r: r["round"])],
+        "format_rates": [
+            r.get("answer_tag_rate", 0.0) for r in sorted(done, key=lambda r: r["round"])
+        ],
+        "new_tokens": sum(r.get("new_tokens", 0) for r in done),
+        "node_seconds": sum(r.get("t_round", 0.0) for r in done),
+        "eval_start": _eval_brief(start),
+        "eval_end": _eval_brief(end),
+        "evals": [_eval_brief(by_round[k]) | {"round": k} for k in sorted(by_round)],
+        "halves": [mechanism_sums(h) for h in halves(done, rounds)],
+    }
+
+
+# What sharing did, from the rows' per-round facts (node.Node._record): own and peers'
+# groups by outcome, the peers' groups' reward and age, and the gradient clip.
+OUTCOMES = ("all_wrong", "all_right", "signal")
+
+
+def halves(rows: Sequence[dict[str, Any]], rounds: int) -> list[list[dict[str, Any]]]:
+    """The rows of rounds 0..R/2-1 and of R/2..R-1 (R = ``rounds``; R/2 rounded down).
+
+    >>> [[r["round"] for r in h] for h in halves([{"round": r} for r in range(5)], 5)]
+    [[0, 1], [2, 3, 4]]
+    """
+    mid = rounds // 2
+    return [
+        [r for r in rows if r["round"] < mid],
+        [r for r in rows if mid <= r["round"] < rounds],
+    ]
+
+
+def mechanism_sums(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Sums over metrics rows from which ``mechanism`` pools nodes: group counts by
+    outcome, and each mean's numerator and weight. Rows without a fact (older metrics,
+    rounds with no peers' group or no step: null or absent) add nothing to it."""
+    out: dict[str, float] = dict.fromkeys(
+        [f"{side}_{kind}" for side in ("local", "external") for kind in OUTCOMES], 0
+    )
+    out |= dict.fromkeys(
+        ("external_reward", "external_reward_groups", "steps", "clipped_steps", "grad_norm")
+        + ("grad_norm_rounds", "age_rounds", "age_groups"),
+        0.0,
+    )
+    for r in rows:
+        for side in ("local", "external"):
+            for kind in OUTCOMES:
+                out[f"{side}_{kind}"] += r.get(f"{side}_groups_{kind}", 0)
+        n = r.get("external_groups", 0)
+        if r.get("external_reward_mean") is not None:
+            out["external_reward"] += r["external_reward_mean"] * n
+            out["external_reward_groups"] += n
+        if r.get("train/grad_clipped") is not None:
+            out["steps"] += r["train/steps"]
+            out["clipped_steps"] += r["train/grad_clipped"] * r["train/steps"]
+        if r.get("train/grad_norm_max") is not None:
+            out["grad_norm"] += r["train/grad_norm_max"]
+            out["grad_norm_rounds"] += 1
+        if r.get("external_age_rounds") is not None:
+            out["age_rounds"] += r["external_age_rounds"] * n
+            out["age_groups"] += n
+    return out
+
+
+def mechanism(nodes: Sequence[dict[str, Any]], half: int, rounds: int) -> dict[str, Any]:
+    """One half of the run over a configuration's nodes, pooled over nodes and rounds.
+
+    Shares of own (``local_*``) and peers' (``external_*``) groups by outcome;
+    ``external_reward``: mean reward of the peers' groups trained on (each round's mean
+    weighted by its groups); ``clipped``: share of optimiser steps whose gradient the clip
+    scaled down; ``grad_norm``: mean over rounds with a step of the round's largest
+    gradient norm before clipping; ``age_rounds``: mean age of the peers' groups trained
+    on, in the node's rounds. None where nothing was measured.
+    """
+    t: dict[str, float] = {}
+    for n in nodes:
+        for k, v in n["halves"][half].items():
+            t[k] = t.get(k, 0.0) + v
+    mid = rounds // 2
+    out: dict[str, Any] = {"rounds": [0, mid - 1] if half == 0 else [mid, rounds - 1]}
+    for side in ("local", "external"):
+        total = sum(t.get(f"{side}_{kind}", 0.0) for kind in OUTCOMES)
+        out[f"{side}_groups"] = int(total)
+        for kind in OUTCOMES:
+            out[f"{side}_{kind}"] = _ratio(t.get(f"{side}_{kind}", 0.0), total)
+    out["external_reward"] = _ratio(t.get("external_reward", 0.0), t.get("external_reward_groups"))
+    out["steps"] = int(t.get("steps", 0))
+    out["clipped"] = _ratio(t.get("clipped_steps", 0.0), t.get("steps"))
+    out["grad_norm"] = _ratio(t.get("grad_norm", 0.0), t.get("grad_norm_rounds"))
+    out["age_rounds"] = _ratio(t.get("age_rounds", 0.0), t.get("age_groups"))
+    return out
+
+
+def _ratio(x: float, n: float | None) -> float | None:
+    return x / n if n else None
+
+
+def _eval_brief(e: dict[str, Any] | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    keep = {k: v for k, v in e.items() if k.startswith("eval/")}
+    return {
+        "greedy": e["eval/greedy"],
+        "pass1": e["eval/pass1"],
+        "answer_tag_rate": e["eval/answer_tag_rate"],
+        "per_task_greedy": keep.get("eval/per_task_greedy", []),
+        "per_task_pass1": keep.get("eval/per_task_pass1", []),
+        "families": {
+            k.removeprefix("eval/greedy/"): v
+            for k, v in keep.items()
+            if k.startswith("eval/greedy/")
+        },
+    }
+
+
+def heldout_summary(nodes: Sequence[dict[str, Any]], which: str) -> dict[str, Any] | None:
+    """Held-out accuracy over tasks x nodes: greedy with a Wilson interval, pass@1 with a
+    percentile bootstrap over the (node, task) cells. At the start (``eval_start``) every
+    node is the same untrained model under the same eval seed: copies of its answers are
+    not independent cells, so identical start evaluations count once (``models``: how
+    many distinct evaluations were pooled)."""
+    evals = [n[which] for n in nodes]
+    if not evals or any(e is None for e in evals):
+        return None
+    if which == "eval_start":
+        distinct = {json.dumps([e["per_task_greedy"], e["per_task_pass1"]]): e for e in evals}
+        evals = list(distinct.values())
+    greedy = [x for e in evals for x in e["per_task_greedy"]]
+    pass1 = [x for e in evals for x in e["per_task_pass1"]]
+    return {
+        "greedy": sum(greedy) / len(greedy) if greedy else 0.0,
+        "greedy_ci95": list(wilson_interval(int(sum(greedy)), len(greedy))),
+        "pass1": sum(pass1) / len(pass1) if pass1 else 0.0,
+        "pass1_ci95": list(bootstrap_interval(pass1)),
+        "cells": len(greedy),
+        "models": len(evals),
+    }
+
+
+FORMAT_WINDOW = 10  # the early rounds over which the answer-format rate is compared
+FORMAT_TARGET = 0.9  # "has the format": this share of a round's own completions
+
+
+def format_summary(nodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How fast the nodes wrote in the answer format: the mean rate over the first
+    rounds, and the first round where the nodes' mean rate reached FORMAT_TARGET.
+
+    >>> format_summary([{"format_rates": [0.5, 1, 1]}, {"format_rates": [0.25, 0.75, 1]}])
+    {'early': 0.75, 'first_round_at_target': 2, 'curve': [0.375, 0.875, 1.0]}
+    """
+    curves = [n["format_rates"] for n in nodes if n.get("format_rates")]
+    if not curves:
+        return {"early": None, "first_round_at_target": None, "curve": []}
+    length = min(len(c) for c in curves)
+    curve = [sum(c[r] for c in curves) / len(curves) for r in range(length)]
+    early = curve[:FORMAT_WINDOW]
+    first = next((r for r, x in enumerate(curve) if x >= FORMAT_TARGET), None)
+    return {"early": sum(early) / len(early), "first_round_at_target": first, "curve": curve}
+
+
+def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The results: per configuration (label -> node summaries, in node order) the totals,
+    ratio to J = 0 and paired sign-flip tests against J = 0 by node seed; a configuration
+    with a solver member is also tested against the same I/J without one."""
+    rounds = spec.experiment.rounds
+    order = [a for a in arms(spec) if a.label in data]
+    baseline = next(
+        (a for a in order if a.external == 0 and a.sampling is None and a.solver is None), None
+    )
+    base_nodes = data.get(baseline.label) if baseline else None
+    out: dict[str, Any] = {"rounds": rounds, "configurations": []}
+    for a in order:
+        nodes = data[a.label]
+        complete = all(n["rounds"] == rounds and n["eval_end"] is not None for n in nodes)
+        total = sum(n["cumulative_reward"] for n in nodes)
+        entry: dict[str, Any] = {
+            "label": a.label,
+            "local": a.local,
+            "external": a.external,
+            "sampling": a.sampling or spec.base.get("pool", {}).get("sampling", "paper"),
+            "complete": complete,
+            "rounds_done": min((n["rounds"] for n in nodes), default=0),
+            "cumulative_reward": total,
+            "new_tokens": sum(n["new_tokens"] for n in nodes),
+            "node_seconds": sum(n["node_seconds"] for n in nodes),
+            "heldout_start": heldout_summary(nodes, "eval_start"),
+            "heldout_end": heldout_summary(nodes, "eval_end"),
+            "format": format_summary(nodes),
+            "mechanism": [mechanism(nodes, h, rounds) for h in (0, 1)],
+            "solver": a.solver,
+            "nodes": nodes,
+        }
+        if base_nodes is not None and a is not baseline:
+            entry |= _versus(nodes, base_nodes)
+        plain = next(
+            (p for p in order if p.ratio == a.ratio and p.sampling is None and p.solver is None),
+            None,
+        )
+        if a.solver is not None and plain is not None:
+            entry["versus_plain"] = {"label": plain.label, **_versus(nodes, data[plain.label])}
+        out["configurations"].append(entry)
+    base_total = next(
+        (
+            c["cumulative_reward"]
+            for c in out["configurations"]
+            if baseline and c["label"] == baseline.label
+        ),
+        None,
+    )
+    for c in out["configurations"]:
+        c["ratio"] = c["cumulative_reward"] / base_total if base_total else None
+    n = len(base_nodes or [])
+    out["pairs"] = n
+    out["smallest_p"] = smallest_p(n)
+    return out
+
+
+def _versus(nodes, base_nodes) -> dict[str, Any]:
+    """Paired by node seed (same index, same seed): per-node differences and their p."""
+    reward = [
+        x["cumulative_reward"] - b["cumulative_reward"]
+        for x, b in zip(nodes, base_nodes, strict=True)
+    ]
+    out: dict[str, Any] = {"p_reward": sign_flip_p(reward), "diff_reward": reward}
+    if all(x["eval_end"] and b["eval_end"] for x, b in zip(nodes, base_nodes, strict=True)):
+        acc = [
+            x["eval_end"]["greedy"] - b["eval_end"]["greedy"]
+            for x, b in zip(nodes, base_nodes, strict=True)
+        ]
+        out |= {"p_heldout": sign_flip_p(acc), "diff_heldout": acc}
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _ci(h: dict[str, Any] | None, key: str) -> str:
+    if h is None:
+        return "–"
+    lo, hi = h[f"{key}_ci95"]
+    return f"{_pct(h[key])} [{_pct(lo)}, {_pct(hi)}]"
+
+
+def render_table(results: dict[str, Any]) -> str:
+    """The markdown report: the paper's table plus held-out accuracy, tests and costs."""
+    lines = [
+        f"# SAPO experiment: {results['rounds']} rounds per node",
+        "",
+        "| I / J | sampling | cumulative reward | vs J=0 | p (reward) | held-out greedy, start "
+        "| held-out greedy, end [95% CI] | held-out pass@1, end [95% CI] | p (held-out) "
+        "| generated tokens | node-seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in results["configurations"]:
+        label = _label(c) + ("" if c["complete"] else f" ({c['rounds_done']} rounds)")
+        ratio = f"{c['ratio']:.2f}x" if c.get("ratio") is not None else "–"
+        start = _pct(c["heldout_start"]["greedy"]) if c["heldout_start"] else "–"
+        lines.append(
+            f"| {label} | {c['sampling']} | {c['cumulative_reward']:.2f} | {ratio} "
+            f"| {_p(c.get('p_reward'))} | {start} | {_ci(c['heldout_end'], 'greedy')} "
+            f"| {_ci(c['heldout_end'], 'pass1')} | {_p(c.get('p_heldout'))} "
+            f"| {c['new_tokens']:,} | {_seconds(c['node_seconds'])} |"
+        )
+    n = results["pairs"]
+    lines += [
+        "",
+        "- Cumulative reward: each node's mean own-completion reward per round, summed over "
+        "rounds and nodes (the paper's measure).",
+        "- Held-out: the fixed evaluation set (seeds no node trains on), every node at the "
+        "start (before training) and after the last round. Greedy accuracy with a Wilson 95% "
+        "interval over tasks x nodes; pass@1 (mean of the sampled completions) with a "
+        "percentile bootstrap 95% interval over the (node, task) cells. Both intervals treat "
+        "cells as independent, which nodes of one swarm and tasks of one set are not quite.",
+        f"- p: exact two-sided sign-flip permutation test against J = 0, paired by node seed "
+        f"over {n} pairs (replicates pooled), on per-node cumulative reward and on per-node "
+        f"final greedy held-out accuracy. With {n} pairs the smallest possible p is "
+        f"{results['smallest_p']:.4g}. Nodes of one swarm interact, so the pairs are not "
+        "independent: read p as descriptive.",
+        "- Costs: tokens generated by the nodes' own rollouts and wall seconds of their "
+        "rounds, summed over nodes (evaluation excluded; it is the same for every "
+        "configuration).",
+    ]
+    lines += _format_table(results)
+    lines += _mechanism_table(results)
+    return "\n".join(lines) + "\n"
+
+
+def _mechanism_table(results: dict[str, Any]) -> list[str]:
+    """What sharing did, per configuration and half of the run (``mechanism``)."""
+    lines = [
+        "",
+        "## What sharing did, by half of the run",
+        "",
+        "| I / J | sampling | rounds | own groups: all wrong / all right / signal "
+        "| external groups: all wrong / all right / signal | external reward "
+        "| steps clipped | grad norm | external age (rounds) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def shares(m: dict[str, Any], side: str) -> str:
+        if not m[f"{side}_groups"]:
+            return "–"
+        return " / ".join(_pct(m[f"{side}_{kind}"]) for kind in OUTCOMES)
+
+    def num(x: float | None, digits: int) -> str:
+        return "–" if x is None else f"{x:.{digits}f}"
+
+    for c in results["configurations"]:
+        for m in c.get("mechanism") or []:
+            lo, hi = m["rounds"]
+            clipped = "–" if m["clipped"] is None else _pct(m["clipped"])
+            lines.append(
+                f"| {_label(c)} | {c['sampling']} | {lo}-{hi} | {shares(m, 'local')} "
+                f"| {shares(m, 'external')} | {num(m['external_reward'], 3)} | {clipped} "
+                f"| {num(m['grad_norm'], 2)} | {num(m['age_rounds'], 2)} |"
+            )
+    lines += [
+        "",
+        "- Pooled over the nodes and rounds of each half. Groups: those trained on, own and "
+        "peers' (after the poisoning screen), by outcome: signal (rewards differ), else all "
+        "right (every reward counts as correct) or all wrong.",
+        "- External reward: mean reward of the peers' groups' completions trained on. Steps "
+        "clipped: share of optimiser steps whose gradient norm exceeded the clip. Grad norm: "
+        "mean over rounds with a step of the norm before clipping. External age: rounds "
+        "from a peer's group entering the pool to the round that trained on it.",
+    ]
+    return lines
+
+
+def _label(c: dict[str, Any]) -> str:
+    ratio = c["label"].split(" ")[0]
+    return f"{ratio} + solver ({c['solver']:g})" if c.get("solver") is not None else ratio
+
+
+def _format_table(results: dict[str, Any]) -> list[str]:
+    """The answer format of the nodes' own completions, and the solver comparisons."""
+    lines = [
+        "",
+        "## Answer format and the solver member",
+        "",
+        f"| I / J | sampling | format rate, rounds 0-{FORMAT_WINDOW - 1} "
+        f"| first round at {_pct(FORMAT_TARGET)} | vs same I/J without solver: "
+        "reward diff (p) | held-out diff (p) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in results["configurations"]:
+        f = c.get("format") or {}
+        early = _pct(f["early"]) if f.get("early") is not None else "–"
+        first = f.get("first_round_at_target")
+        versus = c.get("versus_plain")
+        if versus:
+            reward = f"{sum(versus['diff_reward']):+.2f} ({_p(versus['p_reward'])})"
+            held = (
+                f"{100 * sum(versus['diff_heldout']) / len(versus['diff_heldout']):+.1f} pt "
+                f"({_p(versus['p_heldout'])})"
+                if versus.get("diff_heldout")
+                else "–"
+            )
+        else:
+            reward = held = "–"
+        lines.append(
+            f"| {_label(c)} | {c['sampling']} | {early} | {'never' if first is None else first} "
+            f"| {reward} | {held} |"
+        )
+    lines += [
+        "",
+        "- Format rate: share of the nodes' own completions with a complete "
+        "`<answer>...</answer>` (mean over nodes per round). A solver member (solver.py) "
+        "shares groups in that format with the given accuracy; the nodes train on them only "
+        "through the pool, like any peer's.",
+        "- vs same I/J: paired by node seed, the sum over nodes of the cumulative-reward "
+        "difference and the mean final held-out greedy difference, with the sign-flip p.",
+    ]
+    return lines
+
+
+def _seconds(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3g}"
+
+
+def plot_results(results: dict[str, Any], out: Path, window: int) -> list[Path]:
+    """reward_curves.png (mean reward of the nodes per round, moving average) and
+    heldout.png (greedy held-out accuracy at each evaluation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sapo_node.plot import moving_average
+
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in results["configurations"]:
+        curves = [n["rewards"] for n in c["nodes"] if n["rewards"]]
+        if not curves:
+            continue
+        length = min(len(x) for x in curves)
+        mean = [sum(x[r] for x in curves) / len(curves) for r in range(length)]
+        (line,) = ax.plot(range(length), moving_average(mean, window), label=c["label"])
+        ax.plot(range(length), mean, color=line.get_color(), alpha=0.2, lw=0.8)
+    ax.set(
+        xlabel="round",
+        ylabel=f"reward (mean over nodes, moving average {window})",
+        title="Reward of own completions",
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    written.append(_save(fig, out / "reward_curves.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in results["configurations"]:
+        points: dict[int, list[float]] = {}
+        for n in c["nodes"]:
+            for e in n["evals"]:
+                points.setdefault(e["round"], []).append(e["greedy"])
+        xs = sorted(points)
+        if xs:
+            ax.plot(xs, [sum(points[x]) / len(points[x]) for x in xs], "o-", label=c["label"])
+    ax.set(xlabel="rounds trained", ylabel="held-out greedy accuracy", title="Held-out accuracy")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    written.append(_save(fig, out / "heldout.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in results["configurations"]:
+        curve = (c.get("format") or {}).get("curve") or []
+        if curve:
+            ax.plot(range(len(curve)), curve, label=_label(c))
+    ax.set(
+        xlabel="round",
+        ylabel="own completions in the answer format",
+        title="Answer format (mean over nodes)",
+        ylim=(0, 1.02),
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    written.append(_save(fig, out / "answer_format.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def collect(spec: ExperimentSpec, out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Node summaries of every configuration that has started, from OUT's files."""
+    from sapo_node.metrics import read_metrics
+
+    e = spec.experiment
+    data: dict[str, list[dict[str, Any]]] = {}
+    for a in arms(spec):
+        dirs = [out / a.dirname / f"node-{i}" for i in range(e.nodes * e.replicates)]
+        if not any((d / "metrics.jsonl").exists() or (d / "eval.jsonl").exists() for d in dirs):
+            continue
+        nodes = []
+        for i, d in enumerate(dirs):
+            rows = read_metrics(d / "metrics.jsonl") if (d / "metrics.jsonl").exists() else []
+            summary = node_summary(rows, EvalLog(d / "eval.jsonl").read(), e.rounds)
+            nodes.append({"index": i, "seed": node_seed(spec, i), **summary})
+        data[a.label] = nodes
+    return data
+
+
+def report(spec: ExperimentSpec, out: Path) -> dict[str, Any]:
+    """Write results.json, results.md and the plots from what OUT holds; return results."""
+    from sapo_node.checkpoint import write_text_atomic
+
+    results = analyse(spec, collect(spec, out))
+    write_text_atomic(out / "results.json", json.dumps(results, indent=1, allow_nan=False) + "\n")
+    write_text_atomic(out / "results.md", render_table(results))
+    if results["configurations"]:
+        plot_results(results, out, spec.experiment.window)
+    return results
