@@ -43,6 +43,9 @@ Output under OUT::
     OUT/experiment.json                 the resolved experiment (a resume must match)
     OUT/<I-J[-sampling]>/node-<i>/      each node's data dir: metrics.jsonl, eval.jsonl,
                                         checkpoints/, pool.sqlite3
+    OUT/start-eval/node-<i>.json        node i's evaluation before training (run once,
+                                        reused by every configuration)
+    OUT/.models/                        the one de-quantised copy of the model
     OUT/results.json                    every figure of the report, per node too
     OUT/results.md                      the table, like the paper's, with its notes
     OUT/reward_curves.png               mean reward per round, moving average
@@ -51,16 +54,18 @@ Output under OUT::
 
 Resuming: running the same command again continues each node from its checkpoint;
 rounds in metrics.jsonl and evaluations in eval.jsonl up to the checkpoint are not
-redone. Configurations can run as separate processes (``--only 2/2``), e.g. two at
+redone. A swarm whose nodes have every round's metrics and their final evaluation is
+finished, with or without checkpoints (copied into a new OUT, it is not run again).
+Configurations can run as separate processes (``--only 2/2``), e.g. two at
 once with one thread each; the report covers every configuration found finished.
 
 The package, each module importing only those before it: ``spec`` (the experiment file,
-its configurations, each node's seed and config), ``report`` (the pure analysis, the
+its configurations, each node's seed and config), ``analysis`` (the pure analysis, the
 tables, the plots, written from OUT's files) and ``runner`` (the lockstep swarms, resume,
 ``run_experiment``).
 """
 
-from sapo_node.experiment.report import (
+from sapo_node.experiment.analysis import (
     FORMAT_TARGET,
     FORMAT_WINDOW,
     OUTCOMES,

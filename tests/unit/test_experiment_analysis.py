@@ -177,9 +177,8 @@ def test_halves_of_an_odd_run_and_rows_past_it() -> None:
     assert [h["local_all_wrong"] for h in s["halves"]] == [2, 3]
 
 
-@pytest.mark.parametrize("module", ["spec", "report", "runner"])
+@pytest.mark.parametrize("module", ["spec", "analysis", "runner"])
 def test_doctests(module: str) -> None:
-    # by import path: the package's attribute ``report`` is the function, not the module
     assert doctest.testmod(importlib.import_module(f"sapo_node.experiment.{module}")).failed == 0
 
 
