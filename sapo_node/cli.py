@@ -2,24 +2,28 @@
 
 Usage errors (unknown options, bad values, a missing or invalid config file) print one
 line and exit with code 2; runtime failures (a model that cannot be loaded, an unusable
-checkpoint, a data directory in use) print one line and exit with code 1.
+checkpoint, a data directory in use) print one line and exit with code 1. What runs once
+``start`` has its config (signals, ports, the node and its cleanup) is ``lifecycle``.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
-import signal
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import click
 import typer
 
 from sapo_node import __version__
-from sapo_node.config import DEFAULT_STATUS_LISTEN, ConfigError, load_config
+from sapo_node.config import ConfigError, load_config
 
 try:  # typer >= 0.20 vendors its own click
     from typer._click import exceptions as _typer_click
@@ -84,17 +88,6 @@ def _overrides(**flags: Any) -> dict[str, Any]:
     return out
 
 
-def _node_config(config_file: Path | None, *, generate: bool, no_train: bool, **flags: Any):
-    """The config of ``start`` (and ``doctor``, which checks it): flags over the file, and
-    ``--generate`` (with ``--no-train``) as ``train.enabled = false``."""
-    if generate and not no_train:
-        raise UsageProblem("--generate is for a member that does not train: add --no-train")
-    cfg = _config(config_file, **flags)
-    if generate:
-        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"enabled": False})})
-    return cfg
-
-
 def _config(config_file: Path | None, **flags: Any):
     try:
         return load_config(config_file, _overrides(**flags))
@@ -102,8 +95,7 @@ def _config(config_file: Path | None, **flags: Any):
         raise UsageProblem(str(exc)) from None
 
 
-@app.command()
-def start(
+def _node_options(
     config: Annotated[
         Path | None, typer.Option("--config", help="TOML config file (see configs/).")
     ] = None,
@@ -173,192 +165,80 @@ def start(
         ),
     ] = None,
 ) -> None:
+    """The options of ``start`` and ``doctor``: a signature only (``_takes_node_options``)."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """The options ``start`` and ``doctor`` were given."""
+
+    config: Path | None
+    no_train: bool
+    generate: bool
+    flags: dict[str, Any]  # the options that override config fields, by name
+
+    @property
+    def relay(self) -> bool:
+        """``--no-train`` alone: a relay, no model."""
+        return self.no_train and not self.generate
+
+    def node_config(self):
+        """The node's config: flags over the file, and ``--generate`` (with ``--no-train``)
+        as ``train.enabled = false``."""
+        if self.generate and not self.no_train:
+            raise UsageProblem("--generate is for a member that does not train: add --no-train")
+        cfg = _config(self.config, **self.flags)
+        if self.generate:
+            train = cfg.train.model_copy(update={"enabled": False})
+            cfg = cfg.model_copy(update={"train": train})
+        return cfg
+
+
+def _takes_node_options(**help_for: str) -> Callable[[Callable[[NodeOptions], None]], Any]:
+    """Give a command the options of ``_node_options`` (``help_for``: its own help text
+    for some of them); it is called with them as one ``NodeOptions``."""
+    shared = inspect.signature(_node_options, eval_str=True)
+    params = []
+    for p in shared.parameters.values():
+        if p.name in help_for:
+            kind, option = get_args(p.annotation)
+            option = copy.copy(option)
+            option.help = help_for[p.name]
+            p = p.replace(annotation=Annotated[kind, option])
+        params.append(p)
+
+    def decorate(command: Callable[[NodeOptions], None]) -> Any:
+        def with_options(**given: Any) -> None:
+            config, no_train, generate = (given.pop(k) for k in ("config", "no_train", "generate"))
+            command(NodeOptions(config, no_train, generate, given))
+
+        with_options.__name__ = command.__name__
+        with_options.__doc__ = command.__doc__
+        with_options.__signature__ = shared.replace(parameters=params)  # type: ignore[attr-defined]
+        return with_options
+
+    return decorate
+
+
+@app.command()
+@_takes_node_options()
+def start(options: NodeOptions) -> None:
     """Start a node: load the model, join the swarm, then run rounds until stopped (Ctrl-C
     saves and exits)."""
-    cfg = _node_config(
-        config,
-        generate=generate,
-        no_train=no_train,
-        model=model,
-        data_dir=data_dir,
-        rounds=rounds,
-        local=local,
-        external=external,
-        device=device,
-        lora=lora,
-        seed=seed,
-        json_logs=json_logs,
-        swarm=swarm,
-        listen=listen,
-        announce=announce,
-        bootstrap=bootstrap,
-        offline=offline,
-        status_listen=status_listen,
-    )
-    if no_train and not cfg.net.enabled:
-        what = "a generating member shares" if generate else "a relay relays"
+    cfg = options.node_config()
+    if options.no_train and not cfg.net.enabled:
+        what = "a generating member shares" if options.generate else "a relay relays"
         raise UsageProblem(f"--no-train: {what}, which needs the network (drop --offline)")
+    from sapo_node import lifecycle
     from sapo_node.logs import configure_logging
 
     configure_logging(cfg.node.json_logs)
-    import structlog
-
-    log = structlog.get_logger("sapo_node.cli")
-    from sapo_node.checkpoint import CheckpointError
-    from sapo_node.node import DataDirInUse, Node
-    from sapo_node.policy import ModelLoadError
-    from sapo_node.pool import PoolError
-    from sapo_node.status import Status
-    from sapo_node.tasks import RG_VERSION
-
-    log.info("config", **json.loads(cfg.model_dump_json()))
-    stop = threading.Event()
-    _on_signals(stop, log)
-    if no_train and not generate:
-        _relay(cfg, stop, log)
-        return
-    if cfg.net.enabled:
-        _check_ports(cfg)  # before the model loads: a busy port is found at once
-    endpoint = _status_endpoint(cfg)
     try:
-        node = Node(cfg, stop=stop)
-    except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:
+        lifecycle.run(cfg, relay=options.relay)
+    except lifecycle.NodeFailed as exc:
         _fail(str(exc))
-    if cfg.net.enabled:
-        try:
-            node.transport = _open_transport(cfg, node.data_dir)
-        except Exception:
-            node.close()
-            raise
-    log.info(
-        "node ready",
-        model=cfg.model.name,
-        device=str(node.policy.device),
-        dtype=str(node.policy.dtype).removeprefix("torch."),
-        lora=cfg.model.lora.enabled,
-        trains=node.trains,
-        data_dir=str(node.data_dir),
-        seed=node.seed,
-        version=__version__,
-        reasoning_gym=RG_VERSION,
-    )
-
-    if endpoint is not None:
-        endpoint.serve(Status(cfg, node=node))
-    try:
-        done = node.run()
-    except CheckpointError as exc:
-        _fail(str(exc))
-    finally:
-        if endpoint is not None:
-            endpoint.close()
-        node.close()
-        if node.transport is not None:
-            node.transport.close()
-    log.info("stopped", rounds_this_run=done, round=node.round)
-    if node.failure:
-        _fail(node.failure)
-
-
-def _on_signals(stop: threading.Event, log: Any) -> None:
-    def on_signal(signum: int, _frame: object) -> None:
-        if stop.is_set():  # a second signal: abort without saving
-            raise SystemExit(128 + signum)
-        stop.set()
-        log.warning(
-            "stopping: finishing cleanly (signal again to abort)",
-            signal=signal.Signals(signum).name,
-        )
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-
-
-def _check_ports(cfg: Any) -> None:
-    from sapo_node.net import NetError
-    from sapo_node.net.ports import check_ports_free
-
-    try:
-        import multiaddr
-
-        check_ports_free([multiaddr.Multiaddr(a) for a in cfg.net.listen])
-    except NetError as exc:
-        _fail(str(exc))
-    except ValueError as exc:
-        raise UsageProblem(f"net.listen: {exc}") from None
-
-
-def _status_endpoint(cfg: Any):
-    """The status endpoint, its address bound now (None when it is off)."""
-    if not cfg.status.enabled:
-        return None
-    from sapo_node.status import StatusError, StatusServer
-
-    try:
-        return StatusServer(
-            cfg.status.listen, or_free_port=cfg.status.listen == DEFAULT_STATUS_LISTEN
-        )
-    except StatusError as exc:
-        _fail(str(exc))
-
-
-def _open_transport(cfg: Any, data_dir: Path):
-    """The libp2p transport, started; a clear one-line error (exit 1) if it cannot."""
-    import structlog
-
-    from sapo_node.net import NetError
-    from sapo_node.net.process import Libp2pTransport
-
-    try:
-        transport = Libp2pTransport(cfg.net, cfg.pool, data_dir, json_logs=cfg.node.json_logs)
-    except NetError as exc:
-        _fail(str(exc))
-    structlog.get_logger("sapo_node.cli").info(
-        "swarm joined",
-        swarm=cfg.net.swarm,
-        peer_id=transport.peer_id,
-        addrs=transport.addrs,
-        bootstrap=len(cfg.net.bootstrap),
-    )
-    return transport
-
-
-def _relay(cfg: Any, stop: threading.Event, log: Any) -> None:
-    """``start --no-train``: relay and bootstrap the swarm, with no model loaded."""
-    from sapo_node.node import DataDirInUse, lock_data_dir
-
-    data_dir = cfg.node.resolved_data_dir()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = lock_data_dir(data_dir)
-    except DataDirInUse as exc:
-        _fail(str(exc))
-    _check_ports(cfg)
-    endpoint = _status_endpoint(cfg)
-    transport = _open_transport(cfg, data_dir)
-    if endpoint is not None:
-        from sapo_node.status import Status
-
-        endpoint.serve(Status(cfg, transport=transport))
-    try:
-        while not stop.wait(10.0):
-            transport.received()  # a relay forwards; it keeps nothing
-            s = transport.stats()
-            log.info(
-                "relay",
-                peers=s.peers,
-                received=s.received,
-                rejected=s.rejected,
-                bytes_in=s.bytes_in,
-                bytes_out=s.bytes_out,
-                restarts=s.restarts,
-            )
-    finally:
-        if endpoint is not None:
-            endpoint.close()
-        transport.close()
-        lock.close()
-    log.info("stopped")
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 @app.command()
@@ -575,13 +455,14 @@ def experiment(
         typer.echo((out_dir / "results.md").read_text(encoding="utf-8"))
         return
     from sapo_node.checkpoint import CheckpointError
+    from sapo_node.lifecycle import on_signals
     from sapo_node.node import DataDirInUse
     from sapo_node.policy import ModelLoadError
     from sapo_node.pool import PoolError
     from sapo_node.tasks import ScorerUnavailable
 
     stop = threading.Event()
-    _on_signals(stop, log)
+    on_signals(stop)
     try:
         finished = run_experiment(
             spec, out_dir, only=only or (), stop=stop, progress=lambda m: log.info(m)
@@ -646,8 +527,8 @@ def share(
         bootstrap=bootstrap,
     )
     share_dir = data_dir or cfg.node.resolved_data_dir() / "share"
+    from sapo_node.lifecycle import NodeFailed, hold_data_dir, join_swarm
     from sapo_node.logs import configure_logging
-    from sapo_node.node import DataDirInUse, lock_data_dir
     from sapo_node.share import Checker
     from sapo_node.share import share as share_lines
 
@@ -659,12 +540,11 @@ def share(
         _fail(f"cannot read {file}: {exc.strerror or exc}")
     lock = None
     if not check:
-        share_dir.mkdir(parents=True, exist_ok=True)
         try:
-            lock = lock_data_dir(share_dir)
-        except DataDirInUse as exc:
+            lock = hold_data_dir(share_dir)
+        except NodeFailed as exc:
             _fail(str(exc))
-    connect = None if check else (lambda: _share_transport(cfg, share_dir, wait_peers, wait_s))
+    connect = None if check else (lambda: join_swarm(cfg, share_dir, wait_peers, wait_s))
     author = "check" if check else _share_identity(share_dir)
     checker = Checker(cfg, author)
     try:
@@ -677,6 +557,10 @@ def share(
             say=lambda m: typer.echo(m, err=True),
             wait_s=wait_s,
         )
+    except NodeFailed as exc:
+        _fail(str(exc))
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
     finally:
         checker.close()
         if not streaming:
@@ -703,25 +587,6 @@ def _share_identity(share_dir: Path) -> str:
     except NetError as exc:
         _fail(str(exc))
     raise AssertionError  # unreachable: _fail exits
-
-
-def _share_transport(cfg: Any, share_dir: Path, wait_peers: int, wait_s: float):
-    """The sharer's swarm transport, once ``wait_peers`` peers are in its mesh."""
-    import time
-
-    _check_ports(cfg)
-    transport = _open_transport(cfg, share_dir)
-    deadline = time.monotonic() + wait_s
-    while int(transport.child_stats.get("mesh", 0)) < wait_peers:
-        if time.monotonic() > deadline:
-            transport.close()
-            _fail(
-                f"{int(transport.child_stats.get('mesh', 0))} of {wait_peers} peers of swarm "
-                f"{cfg.net.swarm!r} joined within {wait_s:.0f} s; nothing was sent "
-                "(pass --bootstrap, or check that a node runs)"
-            )
-        time.sleep(0.2)
-    return transport
 
 
 @app.command()
@@ -825,52 +690,14 @@ def export_cmd(
 
 
 @app.command()
-def doctor(
-    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
-    model: Annotated[str | None, typer.Option(help="As for start.")] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="As for start.")] = None,
-    rounds: Annotated[int | None, typer.Option(min=0, help="As for start.")] = None,
-    local: Annotated[int | None, typer.Option(min=0, help="As for start.")] = None,
-    external: Annotated[int | None, typer.Option(min=0, help="As for start.")] = None,
-    device: Annotated[Device | None, typer.Option(help="As for start.")] = None,
-    lora: Annotated[bool | None, typer.Option("--lora/--no-lora", help="As for start.")] = None,
-    seed: Annotated[int | None, typer.Option(min=0, help="As for start.")] = None,
-    json_logs: Annotated[bool | None, typer.Option("--json-logs", help="Ignored.")] = None,
-    swarm: Annotated[str | None, typer.Option(help="As for start.")] = None,
-    listen: Annotated[list[str] | None, typer.Option(help="As for start.")] = None,
-    announce: Annotated[list[str] | None, typer.Option(help="As for start.")] = None,
-    bootstrap: Annotated[list[str] | None, typer.Option(help="As for start.")] = None,
-    offline: Annotated[bool | None, typer.Option("--offline", help="As for start.")] = None,
-    no_train: Annotated[bool, typer.Option("--no-train", help="As for start.")] = False,
-    generate: Annotated[bool, typer.Option("--generate", help="As for start.")] = False,
-    status_listen: Annotated[str | None, typer.Option(help="As for start.")] = None,
-) -> None:
+@_takes_node_options(json_logs="Ignored.")
+def doctor(options: NodeOptions) -> None:
     """Check this machine against a node's config (the same options as start): versions,
     torch's build, memory, disk, port, identity key, data directory. One line per check;
     exit 0 when none fails."""
     from sapo_node.doctor import exit_code, run_checks
 
-    cfg = _node_config(
-        config,
-        generate=generate,
-        no_train=no_train,
-        model=model,
-        data_dir=data_dir,
-        rounds=rounds,
-        local=local,
-        external=external,
-        device=device,
-        lora=lora,
-        seed=seed,
-        json_logs=json_logs,
-        swarm=swarm,
-        listen=listen,
-        announce=announce,
-        bootstrap=bootstrap,
-        offline=offline,
-        status_listen=status_listen,
-    )
-    checks = run_checks(cfg, no_train=no_train and not generate)
+    checks = run_checks(options.node_config(), no_train=options.relay)
     for check in checks:
         typer.echo(check.line())
     raise SystemExit(exit_code(checks))

@@ -59,6 +59,18 @@ def test_help_explains_every_start_option(capsys) -> None:
         assert opt in out
 
 
+def test_start_and_doctor_take_the_same_options() -> None:
+    import typer
+
+    from sapo_node.cli import app
+
+    commands = typer.main.get_command(app).commands
+    start, doctor = ([p.opts for p in commands[c].params] for c in ("start", "doctor"))
+    assert start == doctor and ["--no-train"] in start
+    helps = {c: {p.name: p.help for p in commands[c].params} for c in ("start", "doctor")}
+    assert helps["doctor"] == {**helps["start"], "json_logs": "Ignored."}
+
+
 def test_model_that_cannot_be_loaded_exits_1(tmp_path: Path, capsys) -> None:
     code, _, err = run_cli(
         ["start", "--model", str(tmp_path / "missing"), "--data-dir", str(tmp_path / "d")], capsys

@@ -1,0 +1,224 @@
+"""The node's process from start to stop, once ``sapo-node start`` has its config.
+
+``run`` logs the resolved config, turns SIGINT and SIGTERM into a stop event (a second
+signal aborts without saving), then runs a relay or a node:
+
+- a node: its ports checked (before the model loads, so a busy one is found at once),
+  the status endpoint bound, the ``Node`` built, the libp2p transport started, then
+  rounds until the stop event or the configured total; endpoint, node and transport are
+  closed in ``finally``;
+- a relay (``--no-train`` alone): the data directory locked, the transport started, and
+  a line of its traffic logged every 10 s until stopped.
+
+A failure the user can act on raises ``NodeFailed`` (one line; ``cli`` exits 1), an
+unusable listen address ``ConfigError`` (``cli`` exits 2). The data directory's lock
+itself is ``node.lock_data_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from sapo_node import __version__
+from sapo_node.config import DEFAULT_STATUS_LISTEN, Config, ConfigError
+
+log = structlog.get_logger(__name__)
+
+
+class NodeFailed(RuntimeError):
+    """The node cannot start, or stopped on a failure; the message says why in one line."""
+
+
+def run(cfg: Config, *, relay: bool = False) -> None:
+    """Run a node of ``cfg`` (``relay``: a relay, no model) until it is stopped."""
+    log.info("config", **json.loads(cfg.model_dump_json()))
+    stop = threading.Event()
+    on_signals(stop)
+    if relay:
+        run_relay(cfg, stop)
+    else:
+        run_node(cfg, stop)
+
+
+def on_signals(stop: threading.Event) -> None:
+    """SIGINT and SIGTERM set ``stop``; a second one exits at once (128 + its number)."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():  # a second signal: abort without saving
+            raise SystemExit(128 + signum)
+        stop.set()
+        log.warning(
+            "stopping: finishing cleanly (signal again to abort)",
+            signal=signal.Signals(signum).name,
+        )
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def run_node(cfg: Config, stop: threading.Event) -> None:
+    """A training or generating node: rounds until ``stop`` or ``node.rounds``."""
+    from sapo_node.checkpoint import CheckpointError
+    from sapo_node.node import DataDirInUse, Node
+    from sapo_node.policy import ModelLoadError
+    from sapo_node.pool import PoolError
+    from sapo_node.status import Status
+    from sapo_node.tasks import RG_VERSION
+
+    if cfg.net.enabled:
+        check_ports(cfg)  # before the model loads: a busy port is found at once
+    endpoint = status_endpoint(cfg)
+    try:
+        node = Node(cfg, stop=stop)
+    except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:
+        raise NodeFailed(str(exc)) from None
+    if cfg.net.enabled:
+        try:
+            node.transport = open_transport(cfg, node.data_dir)
+        except BaseException:
+            node.close()
+            raise
+    log.info(
+        "node ready",
+        model=cfg.model.name,
+        device=str(node.policy.device),
+        dtype=str(node.policy.dtype).removeprefix("torch."),
+        lora=cfg.model.lora.enabled,
+        trains=node.trains,
+        data_dir=str(node.data_dir),
+        seed=node.seed,
+        version=__version__,
+        reasoning_gym=RG_VERSION,
+    )
+    if endpoint is not None:
+        endpoint.serve(Status(cfg, node=node))
+    try:
+        done = node.run()
+    except CheckpointError as exc:
+        raise NodeFailed(str(exc)) from None
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+        node.close()
+        if node.transport is not None:
+            node.transport.close()
+    log.info("stopped", rounds_this_run=done, round=node.round)
+    if node.failure:
+        raise NodeFailed(node.failure)
+
+
+def run_relay(cfg: Config, stop: threading.Event) -> None:
+    """``start --no-train``: relay and bootstrap the swarm, with no model loaded."""
+    data_dir = cfg.node.resolved_data_dir()
+    lock = hold_data_dir(data_dir)
+    check_ports(cfg)
+    endpoint = status_endpoint(cfg)
+    transport = open_transport(cfg, data_dir)
+    if endpoint is not None:
+        from sapo_node.status import Status
+
+        endpoint.serve(Status(cfg, transport=transport))
+    try:
+        while not stop.wait(10.0):
+            transport.received()  # a relay forwards; it keeps nothing
+            s = transport.stats()
+            log.info(
+                "relay",
+                peers=s.peers,
+                received=s.received,
+                rejected=s.rejected,
+                bytes_in=s.bytes_in,
+                bytes_out=s.bytes_out,
+                restarts=s.restarts,
+            )
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+        transport.close()
+        lock.close()
+    log.info("stopped")
+
+
+def hold_data_dir(data_dir: Path):
+    """``data_dir``, created if need be, locked against a second process; returns the
+    lock (close it to release)."""
+    from sapo_node.node import DataDirInUse, lock_data_dir
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return lock_data_dir(data_dir)
+    except DataDirInUse as exc:
+        raise NodeFailed(str(exc)) from None
+
+
+def check_ports(cfg: Config) -> None:
+    """Every TCP port of ``net.listen`` can be listened on (``net.ports``)."""
+    import multiaddr
+
+    from sapo_node.net import NetError
+    from sapo_node.net.ports import check_ports_free
+
+    try:
+        check_ports_free([multiaddr.Multiaddr(a) for a in cfg.net.listen])
+    except NetError as exc:
+        raise NodeFailed(str(exc)) from None
+    except ValueError as exc:
+        raise ConfigError(f"net.listen: {exc}") from None
+
+
+def status_endpoint(cfg: Config):
+    """The status endpoint, its address bound now (None when it is off)."""
+    if not cfg.status.enabled:
+        return None
+    from sapo_node.status import StatusError, StatusServer
+
+    try:
+        return StatusServer(
+            cfg.status.listen, or_free_port=cfg.status.listen == DEFAULT_STATUS_LISTEN
+        )
+    except StatusError as exc:
+        raise NodeFailed(str(exc)) from None
+
+
+def open_transport(cfg: Config, data_dir: Path):
+    """The libp2p transport, started."""
+    from sapo_node.net import NetError
+    from sapo_node.net.process import Libp2pTransport
+
+    try:
+        transport = Libp2pTransport(cfg.net, cfg.pool, data_dir, json_logs=cfg.node.json_logs)
+    except NetError as exc:
+        raise NodeFailed(str(exc)) from None
+    log.info(
+        "swarm joined",
+        swarm=cfg.net.swarm,
+        peer_id=transport.peer_id,
+        addrs=transport.addrs,
+        bootstrap=len(cfg.net.bootstrap),
+    )
+    return transport
+
+
+def join_swarm(cfg: Config, data_dir: Path, wait_peers: int, wait_s: float) -> Any:
+    """A transport that only publishes (``sapo-node share``), once ``wait_peers`` peers
+    are in its mesh; NodeFailed after ``wait_s`` seconds without them."""
+    check_ports(cfg)
+    transport = open_transport(cfg, data_dir)
+    deadline = time.monotonic() + wait_s
+    while int(transport.child_stats.get("mesh", 0)) < wait_peers:
+        if time.monotonic() > deadline:
+            transport.close()
+            raise NodeFailed(
+                f"{int(transport.child_stats.get('mesh', 0))} of {wait_peers} peers of swarm "
+                f"{cfg.net.swarm!r} joined within {wait_s:.0f} s; nothing was sent "
+                "(pass --bootstrap, or check that a node runs)"
+            )
+        time.sleep(0.2)
+    return transport
