@@ -261,25 +261,35 @@ def _evaluate_due(spec, nodes, evals, indices, stop, progress, a: Arm, out: Path
     for node, log_, index in zip(nodes, evals, indices, strict=True):
         if stop.is_set() or not eval_due(spec, node.round) or node.round in log_.rounds():
             continue
-        kept = out / START_EVALS / f"node-{index}.json"
-        if node.round == 0 and kept.exists():
-            log_.append(json.loads(kept.read_text(encoding="utf-8")))
+        if node.round > 0:
+            _evaluate(node, log_, index, progress, a)
             continue
-        report = node.evaluate()
-        if stop.is_set():
-            return
-        record = {"round": node.round, **report.metrics()}
-        log_.append(record)
-        if node.round == 0:
-            from sapo_node.checkpoint import write_text_atomic
+        # configurations run side by side (--only) take turns: one evaluates, the rest reuse
+        kept = out / START_EVALS / f"node-{index}.json"
+        with _locked(kept.with_suffix(".lock")):
+            if kept.exists():
+                log_.append(json.loads(kept.read_text(encoding="utf-8")))
+                continue
+            record = _evaluate(node, log_, index, progress, a)
+            if record is not None:
+                from sapo_node.checkpoint import write_text_atomic
 
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(kept, json.dumps(record) + "\n")
-        progress(
-            f"{a.label} node {index} held-out eval after {node.round} rounds: "
-            f"greedy {report.metrics()['eval/greedy']:.3f}, "
-            f"pass@1 {report.metrics()['eval/pass1']:.3f} ({report.seconds:.1f} s)"
-        )
+                write_text_atomic(kept, json.dumps(record) + "\n")
+
+
+def _evaluate(node, log_: EvalLog, index: int, progress, a: Arm) -> dict[str, Any] | None:
+    """Evaluate one node and log it; None if a stop cut it short."""
+    report = node.evaluate()
+    if node.stop.is_set():
+        return None
+    record = {"round": node.round, **report.metrics()}
+    log_.append(record)
+    progress(
+        f"{a.label} node {index} held-out eval after {node.round} rounds: "
+        f"greedy {report.metrics()['eval/greedy']:.3f}, "
+        f"pass@1 {report.metrics()['eval/pass1']:.3f} ({report.seconds:.1f} s)"
+    )
+    return record
 
 
 def _share_model_cache(out: Path, data_dir: Path) -> None:
