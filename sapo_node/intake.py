@@ -25,13 +25,17 @@ they are scored against the answer they carry.
 
 Outcomes: ``accepted`` (pooled), ``rejected`` (the sender broke a rule: the transport
 may penalise it) or ``ignored`` (dropped without blame: a newer or differently set-up
-peer, or a problem on this side).
+peer, or a problem on this side). The last :data:`RECENT_REFUSALS` refusals are kept, with
+their details, for the status page (``recent``); details hold peers' text, which whoever
+shows them must escape.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import time
+from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -56,6 +60,8 @@ CANNOT_REGENERATE = "cannot_regenerate"
 QUESTION_MISMATCH = "question_mismatch"
 ANSWER_MISMATCH = "answer_mismatch"
 POOL_UNAVAILABLE = "pool_unavailable"
+RECENT_REFUSALS = 50
+MAX_DETAIL_CHARS = 300
 DISTRUSTED = "distrusted"  # the poisoning defences ignore this peer for now (defence.py)
 
 # Dropped without blame. A duplicate or an expired group has honest causes: a node that
@@ -117,6 +123,8 @@ class Intake:
         self.known_configs = {family: frozenset(c) for family, c in known_configs.items()}
         self.accept_unregenerable = accept_unregenerable
         self.max_clock_skew_s = max_clock_skew_s
+        # (time, author, outcome, reason, detail) of the last refusals, newest last.
+        self.recent: deque[tuple[float, str, str, str, str]] = deque(maxlen=RECENT_REFUSALS)
 
     def receive(self, data: bytes, author: str) -> Verdict:
         """Check one message from ``author`` and pool it if it passes."""
@@ -183,5 +191,6 @@ class Intake:
     def _refuse(self, author: str, reason: str, detail: str = "") -> Verdict:
         outcome: Outcome = "ignored" if reason in IGNORED else "rejected"
         self.pool.record(author, reason)
+        self.recent.append((time.time(), author, outcome, reason, detail[:MAX_DETAIL_CHARS]))
         log.debug("group refused", author=author, reason=reason, detail=detail, outcome=outcome)
         return Verdict(outcome, reason, detail)

@@ -7,7 +7,17 @@ never the swarm port):
 - ``/metrics``: the Prometheus text format (prometheus-client), ``sapo_*`` metrics;
 - ``/status``: the same facts as JSON, with the version, peer ID, model, uptime and the
   last round's whole record (as in metrics.jsonl);
-- ``/healthz``: 200 when healthy, 503 and the problems when not.
+- ``/healthz``: 200 when healthy, 503 and the problems when not;
+- ``/``: a live page for people (``static/node.html``, its script and style served from
+  ``/static/``; nothing is fetched from anywhere else). It polls ``/status`` and draws
+  ``/history``: the node's whole run from its own ``metrics.jsonl`` (history.py), at most
+  ``?points=`` rows (2000 by default), so a restarted node shows its whole run.
+
+Peers' text (peer IDs, refusal details) reaches the page only as JSON and is put into it
+as text, never as markup; every page answer also carries a Content-Security-Policy that
+allows scripts, styles and requests from the endpoint alone. On a loopback address the
+endpoint answers only requests whose ``Host`` is a loopback name or address, so a web page
+elsewhere cannot read it through a rebound DNS name.
 
 Every answer is built when it is asked for, from the node's current state
 (:meth:`Status.facts`): the round loop keeps no counters for the endpoint, and one
@@ -28,6 +38,8 @@ removes it when it stops; ``sapo-node status`` finds the endpoint there.
 from __future__ import annotations
 
 import errno
+import importlib.resources
+import ipaddress
 import json
 import os
 import socket
@@ -40,7 +52,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import psutil
 import structlog
@@ -56,10 +68,24 @@ from prometheus_client.registry import Collector
 from sapo_node import __version__
 from sapo_node.checkpoint import write_text_atomic
 from sapo_node.config import Config, parse_host_port
+from sapo_node.history import MAX_POINTS, History
 
 log = structlog.get_logger(__name__)
 
 STATUS_FILE = "status.json"
+MAX_AUTHORS_SHOWN = 200  # rows of the per-peer table in /status, the most active first
+STATIC = importlib.resources.files("sapo_node") / "static"
+STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+# The page and its assets come from the endpoint alone, and nothing else is allowed.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 class StatusError(RuntimeError):
@@ -77,6 +103,7 @@ class Status:
         self.role = "node" if node is not None else "relay"
         self._process = psutil.Process()
         self.started = self._process.create_time()
+        self.history = History(config.node.resolved_data_dir() / "metrics.jsonl")
 
     def problems(self) -> list[str]:
         """Why the node is unhealthy; empty when it is not."""
@@ -130,7 +157,8 @@ class Status:
         n, m = self.node, self.config.model
         last, ev = n.last_record, n.last_eval
         outcomes: Counter[str] = Counter()
-        for counts in n.pool.counts().values():
+        per_author = n.pool.counts()
+        for counts in per_author.values():
             outcomes.update(counts)
         # The poisoning checks count completions, not groups (defence.py).
         completions = {k: outcomes.pop(k) for k in list(outcomes) if k.startswith("completions_")}
@@ -162,7 +190,35 @@ class Status:
             "pool": {"groups": len(n.pool), "mb": n.pool.size_bytes() / 2**20},
             "peer_groups": dict(outcomes.most_common()),
             "peer_completions": dict(sorted(completions.items())),
+            "authors": _authors(per_author, _distrusted(n)),
+            "recent_refusals": [
+                {"time": t, "peer": a, "outcome": o, "reason": r, "detail": d}
+                for t, a, o, r, d in reversed(getattr(n.intake, "recent", ()))
+            ],
         }
+
+
+def _distrusted(node: Any) -> set[str]:
+    defence = getattr(node, "defence", None)
+    return set() if defence is None else defence.distrusted_authors()
+
+
+def _authors(per_author: dict[str, dict[str, int]], distrusted: set[str]) -> list[dict]:
+    """The per-peer table: groups accepted, refused by reason, and whether the defences
+    distrust the peer now; the most active :data:`MAX_AUTHORS_SHOWN` peers."""
+    rows = [
+        {
+            "peer": author,
+            "accepted": counts.get("accepted", 0),
+            "outcomes": {k: v for k, v in sorted(counts.items()) if k != "accepted"},
+            "distrusted": author in distrusted,
+        }
+        for author, counts in per_author.items()
+    ]
+    for author in distrusted - per_author.keys():
+        rows.append({"peer": author, "accepted": 0, "outcomes": {}, "distrusted": True})
+    rows.sort(key=lambda r: (-r["distrusted"], -r["accepted"] - sum(r["outcomes"].values())))
+    return rows[:MAX_AUTHORS_SHOWN]
 
 
 # --- /metrics ------------------------------------------------------------------------------
@@ -294,43 +350,104 @@ def _round_metrics(r: dict[str, Any], gauge, labelled) -> None:
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
-    status: Status
-    registry: CollectorRegistry
+    routes: Any  # (path, query) -> (code, content type, body); see Routes
+    loopback: bool = True
 
 
 class _HTTPServer6(_HTTPServer):
     address_family = socket.AF_INET6
 
 
+def static_file(name: str) -> tuple[int, str, bytes]:
+    """One of the page's own files (``sapo_node/static``); 404 for anything else."""
+    kind = STATIC_TYPES.get(Path(name).suffix)
+    if kind is None or "/" in name or name.startswith("."):
+        return 404, "text/plain", b"not found\n"
+    try:
+        return 200, kind, (STATIC / name).read_bytes()
+    except OSError:
+        return 404, "text/plain", b"not found\n"
+
+
+def json_body(body: Any) -> bytes:
+    return json.dumps(body, indent=1).encode() + b"\n"
+
+
+def points_of(query: dict[str, list[str]]) -> int:
+    """``?points=N`` of a history request, bounded; the default is the most."""
+    try:
+        return max(2, min(int(query.get("points", [MAX_POINTS])[0]), MAX_POINTS))
+    except ValueError:
+        return MAX_POINTS
+
+
+class Routes:
+    """The answers of a node's or relay's endpoint."""
+
+    def __init__(self, status: Status) -> None:
+        self.status = status
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(status))
+
+    def __call__(self, path: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        if path == "/status":
+            return 200, "application/json", json_body(self.status.facts())
+        if path == "/healthz":
+            problems = self.status.problems()
+            body = {"healthy": not problems, "problems": problems}
+            return (503 if problems else 200), "application/json", json_body(body)
+        if path == "/history":
+            return 200, "application/json", json_body(self.status.history.series(points_of(query)))
+        if path in ("/", "/index.html"):
+            return static_file("node.html")
+        if path.startswith("/static/"):
+            return static_file(path.removeprefix("/static/"))
+        return 404, "text/plain", b"not found: try /, /status, /metrics, /healthz or /history\n"
+
+
+def _loopback_host(header: str) -> bool:
+    """Whether a ``Host`` header names this machine: localhost or a loopback address."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.split(":")[0]
+    if host in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        path = urlsplit(self.path).path
+        parts = urlsplit(self.path)
+        path = parts.path
         try:
-            if path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
-            elif path == "/status":
-                self._json(200, self.server.status.facts())
-            elif path == "/healthz":
-                problems = self.server.status.problems()
-                body = {"healthy": not problems, "problems": problems}
-                self._json(503 if problems else 200, body)
-            else:
-                self._send(404, "text/plain", b"not found: try /status, /metrics or /healthz\n")
+            host = self.headers.get("Host")
+            if self.server.loopback and host is not None and not _loopback_host(host):
+                self._send(403, "text/plain", b"this endpoint answers on loopback names only\n")
+                return
+            self._send(*self.server.routes(path, parse_qs(parts.query)))
         except (BrokenPipeError, ConnectionResetError):
             return  # the client left
         except Exception as exc:  # a bad moment of the node's state must not end the endpoint
             log.error("status request failed", path=path, error=repr(exc))
             self._send(500, "text/plain", f"{type(exc).__name__}: {exc}\n".encode())
 
-    def _json(self, code: int, body: dict[str, Any]) -> None:
-        self._send(code, "application/json", json.dumps(body, indent=1).encode() + b"\n")
-
     def _send(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Content-Security-Policy", CSP)
         self.end_headers()
         self.wfile.write(body)
 
@@ -366,6 +483,7 @@ class StatusServer:
                 "choose another with --status-listen HOST:PORT (port 0 picks a free one) "
                 "or set status.enabled = false"
             ) from None
+        self._httpd.loopback = _loopback_host(host)
         self._thread: threading.Thread | None = None
         self._file: Path | None = None
 
@@ -378,18 +496,20 @@ class StatusServer:
 
     def serve(self, status: Status) -> None:
         """Answer in a thread from now on, and say where in ``<data-dir>/status.json``."""
-        registry = CollectorRegistry()
-        registry.register(_Collector(status))
-        self._httpd.status, self._httpd.registry = status, registry
+        self.serve_routes(Routes(status))
+        self._file = status.config.node.resolved_data_dir() / STATUS_FILE
+        where = {"url": self.url, "pid": os.getpid(), "started": status.started}
+        write_text_atomic(self._file, json.dumps(where) + "\n")
+        log.info("status endpoint", url=self.url, paths="/ /status /metrics /healthz /history")
+
+    def serve_routes(self, routes: Any) -> None:
+        """Answer with ``routes(path, query) -> (code, content type, body)`` in a thread."""
+        self._httpd.routes = routes
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="status"
         )
         self._thread.daemon = True
         self._thread.start()
-        self._file = status.config.node.resolved_data_dir() / STATUS_FILE
-        where = {"url": self.url, "pid": os.getpid(), "started": status.started}
-        write_text_atomic(self._file, json.dumps(where) + "\n")
-        log.info("status endpoint", url=self.url, paths="/status /metrics /healthz")
 
     def close(self) -> None:
         if self._file is not None:
