@@ -15,7 +15,15 @@ stragglers; a second Ctrl-C kills them at once. The children run in sessions of 
 own, so a Ctrl-C in the terminal reaches them once, through the parent. The command ends
 when every child has exited, with code 0 if all exited 0 and 1 otherwise.
 
-Everything but :class:`Swarm` is a pure helper, unit-tested on its own.
+It also serves one page for people (``static/swarm.html``, on loopback: ``--view``'s
+address, 127.0.0.1:9140 by default or a free port when taken, printed at start). It puts
+the nodes side by side (reward curves overlaid, from each node's ``metrics.jsonl``) and
+shows who shares with whom: for each node, the groups it accepted and refused from each of
+the others, read from each child's own status endpoint. Each row links to that node's own
+live page.
+
+Everything but :class:`Swarm` and :class:`SwarmView` is a pure helper, unit-tested on its
+own.
 """
 
 from __future__ import annotations
@@ -36,8 +44,13 @@ from typing import Any, TextIO
 
 import platformdirs
 
+from sapo_node.history import History
+
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 4150
+DEFAULT_VIEW = "127.0.0.1:9140"
+VIEW_POINTS = 500  # rows of each node's history the view draws
+NOT_REFUSED = ("evicted", "expired")  # prefixes of outcomes that are no refusal
 FULL_MESH_UP_TO = 8
 GRACE_S = 60.0
 
@@ -350,8 +363,12 @@ class Swarm:
         grace_s: float = GRACE_S,
         out: TextIO | None = None,
         err: TextIO | None = None,
+        view: str | None = None,
     ) -> None:
+        """``view``: where to serve the swarm's page (None: nowhere)."""
         self.children = [Child(s, child_argv(s, passthrough, python)) for s in specs]
+        self.view = view
+        self._view_server: Any = None
         self.env = child_env(os.environ if environ is None else environ)
         self.every = every
         self.grace_s = grace_s
@@ -433,15 +450,29 @@ class Swarm:
         for s in handlers:
             signal.signal(s, self._on_signal)
         try:
+            self._serve_view()
             self._header()
             self.start()
             self._loop()
         finally:
             self._reap()
+            if self._view_server is not None:
+                self._view_server.close()
             for s, h in handlers.items():
                 signal.signal(s, h)
         self.show()
         return self._verdict()
+
+    def _serve_view(self) -> None:
+        if self.view is None:
+            return
+        from sapo_node.status import StatusError, StatusServer
+
+        try:
+            self._view_server = StatusServer(self.view, or_free_port=True)
+        except StatusError as exc:
+            raise SwarmError(str(exc)) from None
+        self._view_server.serve_routes(SwarmView(self))
 
     def _header(self) -> None:
         base = self.children[0].spec.data_dir.parent
@@ -452,6 +483,8 @@ class Swarm:
         for c in self.children:
             peers = ",".join(a.rsplit("/p2p/", 1)[-1][-8:] for a in c.spec.bootstrap)
             self._say(f"  {c.spec.name}  {c.spec.address}  bootstrap: {peers or '-'}")
+        if self._view_server is not None:
+            self._say(f"the swarm's page: {self._view_server.url}/")
 
     def _loop(self) -> None:
         next_view = time.monotonic() + self.every
@@ -507,6 +540,84 @@ class Swarm:
         return 1
 
 
+class SwarmView:
+    """The answers of the swarm's page: ``/`` and its files, ``/swarm`` (JSON)."""
+
+    def __init__(self, swarm: Swarm, timeout_s: float = 2.0) -> None:
+        self.swarm = swarm
+        self.timeout_s = timeout_s
+        self._histories = {c.spec.name: History(c.spec.metrics_path) for c in swarm.children}
+
+    def __call__(self, path: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        from sapo_node.status import json_body, static_file
+
+        if path == "/swarm":
+            return 200, "application/json", json_body(self.snapshot())
+        if path in ("/", "/index.html"):
+            return static_file("swarm.html")
+        if path.startswith("/static/"):
+            return static_file(path.removeprefix("/static/"))
+        return 404, "text/plain", b"not found: try / or /swarm\n"
+
+    def _facts(self, child: Child) -> dict[str, Any] | None:
+        """A running child's /status, or None (not up yet, gone, slow)."""
+        if child.code is not None or child.proc is None:
+            return None
+        import urllib.request
+
+        try:
+            where = json.loads((child.spec.data_dir / "status.json").read_text())
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with opener.open(f"{where['url']}/status", timeout=self.timeout_s) as answer:
+                return json.loads(answer.read()) | {"url": where["url"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every node: its state, last record and reward history; and the links between
+        them: groups each node accepted and refused from each author."""
+        names = {c.spec.peer_id: c.spec.name for c in self.swarm.children}
+        nodes, links = [], []
+        for c in self.swarm.children:
+            record = read_last_record(c.spec.metrics_path)
+            h = self._histories[c.spec.name].series(VIEW_POINTS)
+            facts = self._facts(c)
+            nodes.append(
+                {
+                    "name": c.spec.name,
+                    "peer_id": c.spec.peer_id,
+                    "state": c.state(record),
+                    "url": None if facts is None else facts["url"],
+                    "healthy": None if facts is None else facts.get("healthy"),
+                    "last": record,
+                    "rounds": h["rounds"],
+                    "history": {
+                        "round": h["round"],
+                        **{
+                            k: h["series"][k]
+                            for k in ("reward_mean", "reward_ma", "cumulative_reward")
+                        },
+                        "window": h["window"],
+                    },
+                }
+            )
+            for a in (facts or {}).get("authors", []):
+                links.append(
+                    {
+                        "to": c.spec.name,
+                        "from": names.get(a["peer"], a["peer"]),
+                        "outside": a["peer"] not in names,
+                        "accepted": a["accepted"],
+                        "refused": sum(
+                            n for k, n in a["outcomes"].items() if not k.startswith(NOT_REFUSED)
+                        ),
+                        "outcomes": a["outcomes"],
+                        "distrusted": a["distrusted"],
+                    }
+                )
+        return {"nodes": nodes, "links": links, "time": time.time()}
+
+
 def run_swarm(
     n: int,
     *,
@@ -515,6 +626,7 @@ def run_swarm(
     every: float = 5.0,
     passthrough: Passthrough | None = None,
     grace_s: float = GRACE_S,
+    view: str | None = DEFAULT_VIEW,
 ) -> int:
     """``sapo-node swarm``: plan, check the ports, run; the exit code."""
     base = (base_dir or default_base_dir()).expanduser().absolute()
@@ -528,5 +640,5 @@ def run_swarm(
             f"port(s) {', '.join(map(str, busy))} on {LOOPBACK} are in use (another swarm?); "
             f"choose free ones with --port (node i listens on PORT+i)"
         )
-    swarm = Swarm(specs, passthrough or Passthrough(), every=every, grace_s=grace_s)
+    swarm = Swarm(specs, passthrough or Passthrough(), every=every, grace_s=grace_s, view=view)
     return swarm.run()

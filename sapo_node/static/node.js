@@ -115,7 +115,7 @@
     const body = $("peers").tBodies[0];
     const rows = (f.authors || []).map((a) => {
       const tags = Object.entries(a.outcomes).map(([k, v]) =>
-        el("span", { class: "tag" + (k === "evicted" || k === "expired" ? "" : " bad") }, `${k} ${v}`));
+        el("span", { class: "tag" + (k.startsWith("evicted") || k === "expired" ? "" : " bad") }, `${k} ${v}`));
       if (a.distrusted) tags.unshift(el("span", { class: "tag bad" }, "distrusted"));
       return el("tr", { class: a.distrusted ? "distrusted" : null, "data-peer": a.peer },
         el("td", { class: "peer", title: a.peer }, shortPeer(a.peer)),

@@ -101,7 +101,7 @@ def test_the_page_its_files_and_headers(endpoint) -> None:
     assert code == 200 and b'src="/static/node.js"' in body and b"http" not in body
     assert "script-src 'self'" in headers["Content-Security-Policy"]
     assert headers["X-Content-Type-Options"] == "nosniff"
-    for name in ("charts.js", "node.js", "page.css", "icon.svg"):
+    for name in ("charts.js", "node.js", "page.css", "icon.svg", "swarm.html", "swarm.js"):
         code, _, body = _get(endpoint, f"/static/{name}")
         body = body.replace(b"http://www.w3.org/2000/svg", b"")  # a namespace, not a URL
         assert code == 200 and b"https://" not in body and b"http://" not in body, name
