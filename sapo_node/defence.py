@@ -48,6 +48,12 @@ refused, by reason. A cap on any one peer's share of a round's external groups
 (``max_author_share``) is applied where they are drawn (pool.py): one peer, however
 prolific, supplies at most that share of what a round learns from others.
 
+What a node learns here survives restarts: the reputation (each peer's last checked
+completions) and the distrusted peers, with when each distrust ends in wall-clock time,
+are saved in ``peers-defence.json`` in the data directory (peerstate.py) after each
+round's screening and when the node stops, at most MAX_TRACKED of each; a record not
+added to for HISTORY_TTL_S is forgotten.
+
 What this does not stop: a payload that this node's own policy already finds likely
 (it passes the log-prob check, and teaches little the node would not write anyway);
 text placed in completions below the group's mean, which the node learns to avoid.
@@ -60,10 +66,12 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import structlog
 
+from sapo_node import peerstate
 from sapo_node.config import DefenceSection
 from sapo_node.trainer import Sample
 
@@ -74,6 +82,7 @@ OUTSIDE_ANSWER = "completions_outside_answer"
 IMPLAUSIBLE = "completions_implausible"
 DISTRUSTED = "distrusted"
 MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
+HISTORY_TTL_S = 7 * 86400.0  # a peer's record not added to this long is forgotten
 
 
 def last_answer(text: str, tag: str = "answer") -> tuple[int, int] | None:
@@ -196,6 +205,8 @@ class Defence:
     token's characters in it (``Policy.token_spans``), to leave out the tokens of the
     answer's tags, which the prompt asks for (None: every token is judged).
     ``record(author, reason, n)`` counts per peer (``Pool.record``: shown by ``sapo-node pool``).
+    ``clock``: wall-clock seconds (deadlines are saved as such). ``state_path``: where the
+    reputation and the distrusted peers are kept across restarts (None: in memory only).
     """
 
     def __init__(
@@ -203,14 +214,62 @@ class Defence:
         settings: DefenceSection,
         ranks: Callable[[list[Sample]], list[list[int]]],
         record: Callable[[str, str, int], None],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
         spans: Callable[[Sequence[int]], tuple[str, list[tuple[int, int]]] | None] | None = None,
+        state_path: Path | None = None,
     ) -> None:
         self.settings = settings
         self.ranks, self.record, self.clock, self.spans = ranks, record, clock, spans
         self.outside: deque[int] = deque(maxlen=settings.reference_size)
         self._history: OrderedDict[str, deque[bool]] = OrderedDict()
+        self._seen: dict[str, float] = {}  # author -> when its record last grew (clock)
         self._distrusted: dict[str, float] = {}  # author -> until (clock seconds)
+        self.state_path = state_path
+        if state_path is not None:
+            self._restore(peerstate.load(state_path, "defence"))
+
+    # --- memory across restarts -----------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What is saved: each peer's record (its checks as "1" passed, "0" refused, oldest
+        first, and when it last grew) and each distrusted peer's end of distrust."""
+        return {
+            "history": {
+                a: ["".join("1" if ok else "0" for ok in h), self._seen.get(a, 0.0)]
+                for a, h in self._history.items()
+            },
+            "distrusted": dict(self._distrusted),
+        }
+
+    def save(self) -> None:
+        """Write the state to ``state_path`` (atomically; nothing without a path)."""
+        if self.state_path is not None:
+            peerstate.save(self.state_path, "defence", self.state())
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        now = self.clock()
+        self._distrusted = peerstate.deadlines(state.get("distrusted"), now, MAX_TRACKED)
+        history = state.get("history")
+        records = []
+        for author, entry in history.items() if isinstance(history, dict) else ():
+            try:
+                bits, seen = entry
+                seen = float(seen)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(bits, str) and set(bits) <= {"0", "1"} and now - seen < HISTORY_TTL_S:
+                records.append((seen, author, bits))
+        for seen, author, bits in sorted(records)[-MAX_TRACKED:]:  # least recent first
+            h: deque[bool] = deque(maxlen=self.settings.reputation_window)
+            h.extend(b == "1" for b in bits)
+            self._history[author], self._seen[author] = h, seen
+        if self._distrusted or self._history:
+            log.info(
+                "peer reputation restored",
+                distrusted=len(self._distrusted),
+                records=len(self._history),
+                path=str(self.state_path),
+            )
 
     def outside_bound(self) -> int:
         """Most characters a checked completion may have outside its answer (0: no bound):
@@ -236,6 +295,7 @@ class Defence:
             return True
         del self._distrusted[author]  # probation: a fresh record
         self._history.pop(author, None)
+        self._seen.pop(author, None)
         return False
 
     def distrusted_authors(self) -> set[str]:
@@ -246,8 +306,9 @@ class Defence:
         history = self._history.pop(author, None) or deque(maxlen=s.reputation_window)
         history.extend(passed)
         self._history[author] = history
+        self._seen[author] = self.clock()
         while len(self._history) > MAX_TRACKED:
-            self._history.popitem(last=False)
+            self._seen.pop(self._history.popitem(last=False)[0], None)
         refused = history.count(False)
         if len(history) >= s.reputation_min_checked and refused > s.reputation_max_refused * len(
             history
@@ -297,6 +358,7 @@ class Defence:
             kept_groups.append(g)
         self._check_ranks(pending, verdicts)
         out = []
+        changed = False
         for g in kept_groups:
             refused = verdicts[id(g)]
             checked = [i for i, up in enumerate(above_mean(g.rewards)) if up]
@@ -308,6 +370,7 @@ class Defence:
                 counts[reason] += n
             if checked:
                 self._judge(g.origin, [i not in refused for i in checked])
+                changed = True
             keep = [i for i in range(len(g.texts)) if i not in refused]
             if len(keep) < 2:
                 continue
@@ -320,6 +383,8 @@ class Defence:
                     rewards=[g.rewards[i] for i in keep],
                 )
             out.append(g)
+        if changed:
+            self.save()
         return out, counts
 
     def _check_ranks(self, pending, verdicts) -> None:

@@ -53,7 +53,7 @@ from typing import Any
 import structlog
 import torch
 
-from sapo_node import __version__, grpo, wire
+from sapo_node import __version__, grpo, peerstate, wire
 from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
@@ -288,6 +288,7 @@ class Node:
                 self.trainer.completion_ranks,
                 self.pool.record,
                 spans=self.policy.token_spans,
+                state_path=self.data_dir / peerstate.DEFENCE_FILE,
             )
         self.intake = Intake(
             self.pool,
@@ -695,6 +696,8 @@ class Node:
         log.info("resumed", round=self.round, checkpoint=str(path))
 
     def close(self) -> None:
+        if self.defence is not None:
+            self.defence.save()
         self.scorer.close()
         self.pool.close()
         with contextlib.suppress(OSError):

@@ -55,7 +55,7 @@ from typing import Any
 import msgpack
 import structlog
 
-from sapo_node import wire
+from sapo_node import peerstate, wire
 from sapo_node.wire import RolloutGroup
 
 log = structlog.get_logger(__name__)
@@ -502,7 +502,8 @@ def _read_counts(db: sqlite3.Connection) -> dict[str, dict[str, int]]:
 
 
 def summary(path: Path) -> dict[str, Any]:
-    """What a pool file holds, read without writing (a running node may hold it)."""
+    """What a pool file holds, read without writing (a running node may hold it), and the
+    peers banned and distrusted now, with seconds left (peerstate.py, same directory)."""
     if not path.exists():
         raise PoolError(f"no pool at {path}")
     try:
@@ -525,6 +526,8 @@ def summary(path: Path) -> dict[str, Any]:
         "groups_with_signal": with_signal,
         "families": families,
         "peers": {a: {"held": held.get(a, 0), **c} for a, c in sorted(peers.items())},
+        # the peers banned by the network and distrusted by the defences, time left
+        **peerstate.summary(path.parent),
     }
 
 

@@ -8,8 +8,13 @@ in length-prefixed MessagePack frames (``sapo_node.net.ipc``):
     here -> parent   ["ready", peer_id, [addr, ...], [listen, ...]], ["message", bytes, author],
                      ["stats", {...}] every second, ["fatal", text]
 
-It holds nothing worth saving: the parent stops it with SIGTERM, and it exits by itself
-when stdin closes (its parent died).
+It holds nothing worth saving: what it learns about peers that must outlive it (bans
+with their wall-clock ends, score penalties) goes to the parent in its stats, and comes
+back in the settings of the next one (the parent keeps it in the data directory,
+peerstate.py). It ignores SIGINT and SIGTERM: a signal sent to the node's whole process
+group (Ctrl-C, ``timeout``, a supervisor) is the node's to act on, and the node then
+stops it with SIGUSR1. It exits by itself when its parent is gone (stdin closes, or it
+is given another parent), within a second.
 
 Each trap of py-libp2p 0.8.1 measured in LIBP2P.md has its answer here, marked "trap N":
 a guarded stream handler, serialised writes, no spam limit (per-author token buckets
@@ -31,6 +36,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import weakref
 from collections import OrderedDict, defaultdict
@@ -56,7 +62,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
-from sapo_node import wire
+from sapo_node import peerstate, wire
 from sapo_node.logs import configure_logging
 from sapo_node.net import NetError, count_refusal, identity, ipc
 from sapo_node.net.ports import check_ports_free
@@ -73,6 +79,9 @@ EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (trap 8)
 EXCUSED_MEMORY = 8192  # ids of messages refused through no sender's fault
 BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
 MAX_BANNED = 10_000
+MAX_PENALISED = 10_000  # peers whose score penalties are remembered beyond their connection
+MAX_BACKOFF = 10_000  # peers whose redial delay is remembered
+SCORE_DECAY = 0.999  # per 1 s heartbeat, of invalid messages and behaviour penalties
 DIAL_TIMEOUT_S = 5.0
 # Message ids of valid messages are remembered this long (refreshed on each sighting):
 # memory is bounded by the authors' rate limit times this. Content duplicates are the
@@ -143,6 +152,12 @@ class SwarmGossipSub(GossipSub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.equivocation_detection = OrderedDict()
+        self.on_add_peer: Any = None  # called with each peer the router takes
+
+    def add_peer(self, peer_id: ID, protocol_id: Any) -> None:
+        super().add_peer(peer_id, protocol_id)
+        if self.on_add_peer is not None:
+            self.on_add_peer(peer_id)
 
     async def handle_rpc(self, rpc: Any, sender_peer_id: ID) -> None:
         """A banned peer's control messages (a GRAFT, say) are not taken: they would put
@@ -185,6 +200,7 @@ class SwarmPubsub(Pubsub):
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
         # The network loop's own per-peer maps, forgotten with the library's state.
         self.own_peer_maps: list[dict[ID, Any]] = []
+        self.on_forget: Any = None  # called with a peer just before it is forgotten
 
     # --- forgetting a peer -------------------------------------------------------------
     #
@@ -199,8 +215,11 @@ class SwarmPubsub(Pubsub):
 
     def forget_peer(self, peer: ID) -> Any:
         """Drop everything this pubsub, its router, the scorer and the network loop keep
-        about ``peer`` (a ban is kept apart, in the blacklist). Returns the peer's outbound
-        stream, if it had one, for the caller to reset."""
+        about ``peer`` (a ban is kept apart, in the blacklist; its score penalties in the
+        network's memory, ``on_forget``). Returns the peer's outbound stream, if it had
+        one, for the caller to reset."""
+        if self.on_forget is not None:
+            self.on_forget(peer)
         stream = self.peers.pop(peer, None)
         queue = self.peer_queues.pop(peer, None)
         if queue is not None:
@@ -489,7 +508,23 @@ class Network:
         self.dht = KadDHT(self.host, DHTMode.SERVER) if settings["dht"] else None
         self.bootstrap = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in settings["bootstrap"]]
         self.me = self.host.get_id()
+        # Bans end at a wall-clock time, nearest end first; those of earlier network
+        # processes and node runs come back in the settings (peerstate.py).
         self.banned: OrderedDict[ID, float] = OrderedDict()
+        now = time.time()
+        for peer, until in peerstate.deadlines(settings.get("banned"), now, MAX_BANNED).items():
+            with contextlib.suppress(Exception):
+                self.banned[ID.from_base58(peer)] = until
+        self.pubsub.blacklisted_peers.update(self.banned)
+        # Score penalties outlive a peer's connection (the library forgets a score on
+        # disconnect, and a restart of this process forgets them all): recalled when the
+        # peer is added again, remembered when it is forgotten and each second.
+        self.penalties = peerstate.Penalties(
+            settings.get("penalties"), now, decay=SCORE_DECAY, limit=MAX_PENALISED
+        )
+        self._penalties_sent = -1
+        self.gossipsub.on_add_peer = self._recall_penalties
+        self.pubsub.on_forget = self._remember_penalties
         self.backoff: dict[ID, tuple[float, float]] = {}  # peer -> (next try, delay)
         self.refusals: dict[tuple[str, str], int] = {}  # (author, reason) -> n, bounded
         self.no_pubsub_since: dict[ID, float] = {}
@@ -529,6 +564,28 @@ class Network:
         self.pubsub.excused[self.pubsub.get_message_id(msg)] = None
         while len(self.pubsub.excused) > EXCUSED_MEMORY:
             self.pubsub.excused.popitem(last=False)
+
+    # --- score penalties across connections and restarts ----------------------------
+
+    def _remember_penalties(self, peer: ID) -> None:
+        """Hold ``peer``'s penalties as its score has them (not a banned peer's: the ban
+        is its punishment, and its score is forgotten with it)."""
+        if peer == self.me or self.pubsub.is_peer_blacklisted(peer):
+            return
+        invalid = self.scorer.invalid_messages.get(peer, {}).get(self.topic, 0.0)
+        behaviour = self.scorer.behavior_penalty.get(peer, 0.0)
+        self.penalties.put(peer.pretty(), invalid, behaviour, time.time())
+
+    def _recall_penalties(self, peer: ID) -> None:
+        """A peer added again takes back the penalties it left with, decayed since."""
+        invalid, behaviour = self.penalties.get(peer.pretty(), time.time())
+        if invalid > 0.0:
+            counts = self.scorer.invalid_messages[peer]
+            counts[self.topic] = max(counts.get(self.topic, 0.0), invalid)
+        if behaviour > 0.0:
+            self.scorer.behavior_penalty[peer] = max(
+                self.scorer.behavior_penalty.get(peer, 0.0), behaviour
+            )
 
     # --- loops -----------------------------------------------------------------------
 
@@ -616,6 +673,8 @@ class Network:
 
     async def _report(self) -> None:
         while True:
+            for peer in list(self.pubsub.peers):
+                self._remember_penalties(peer)
             for peer in self._ban_low_scores():
                 # The library resets only the pubsub stream it opened: close the whole
                 # connection, so the peer's own stream to us goes too.
@@ -641,7 +700,8 @@ class Network:
             "bytes_out": COUNTERS.bytes_out,
             "bad_frames": COUNTERS.bad_frames,
             "backpressure_waits": COUNTERS.backpressure_waits,
-            "banned": [p.pretty() for p in self.banned],
+            # peer -> when its ban ends (wall clock): the parent keeps them (peerstate.py)
+            "banned": {p.pretty(): until for p, until in self.banned.items()},
             "scores": {
                 p.pretty(): round(score, 2)
                 for p in topic_peers
@@ -649,7 +709,16 @@ class Network:
             },
             # where state is held for peers neither connected nor in pubsub: a leak
             "stale_state": {p.pretty(): v for p, v in self.pubsub.stale_state(live).items()},
+            "backoff": len(self.backoff),
+            **self._penalties_news(),
         }
+
+    def _penalties_news(self) -> dict[str, Any]:
+        """The remembered penalties, when they changed since the last report."""
+        if self.penalties.version == self._penalties_sent:
+            return {}
+        self._penalties_sent = self.penalties.version
+        return {"penalties": self.penalties.state(time.time())}
 
     def _take_refusals(self) -> dict[tuple[str, str], int]:
         out, self.refusals = self.refusals, {}
@@ -664,14 +733,17 @@ class Network:
         A banned peer can make the node hold nothing new (its RPCs and streams are
         refused), and it is forgotten again when it disconnects; when its ban ends (or is
         evicted beyond MAX_BANNED) it is forgotten once more, which then finds nothing.
-        A restarted network process starts with no state, and no bans, at all."""
-        now = time.monotonic()
+        A ban ends at a wall-clock time, and outlives this process and the node's (the
+        parent keeps it: peerstate.py); its score penalties go with the ban."""
+        now = time.time()
         threshold = self.scorer.params.graylist_threshold
         new = []
         for peer in list(self.pubsub.peer_topics.get(self.topic, ())):
             if peer not in self.banned and self.scorer.score(peer, [self.topic]) < threshold:
                 self.banned[peer] = now + BAN_S
                 self.pubsub.add_to_blacklist(peer)  # forgets it (_teardown_if_connected)
+                self.penalties.drop(peer.pretty())
+                self.backoff.pop(peer, None)
                 new.append(peer)
                 log.warning("peer banned for invalid messages", peer=peer.pretty(), seconds=BAN_S)
         while len(self.banned) > MAX_BANNED:
@@ -739,8 +811,7 @@ class Network:
         store = self.host.get_peerstore()
         connected = set(self.host.get_connected_peers())
         known = store.peers_with_addrs()
-        for peer in set(self.backoff) - set(known):  # addresses expired: nothing to redial
-            del self.backoff[peer]
+        prune_backoff(self.backoff, time.monotonic(), set(known) - set(self.banned), MAX_BACKOFF)
         for peer in known:
             if len(connected) >= self.s["max_peers"]:
                 return
@@ -770,6 +841,28 @@ class Network:
         return False
 
 
+def prune_backoff(
+    backoff: dict[Any, tuple[float, float]], now: float, dialable: set[Any], limit: int
+) -> None:
+    """Forget the redial delays of peers that cannot be dialled now (their addresses
+    expired, or they are banned) and of peers whose next try is more than the longest
+    delay (300 s) past (nobody tried: they start afresh); then, past ``limit``, those
+    due soonest.
+
+    >>> b = {"gone": (0.0, 1.0), "old": (10.0, 2.0), "due": (900.0, 4.0), "later": (990.0, 8.0)}
+    >>> prune_backoff(b, 1000.0, {"old", "due", "later"}, 1)
+    >>> b
+    {'later': (990.0, 8.0)}
+    """
+    for peer in [
+        p for p, (next_try, _) in backoff.items() if p not in dialable or now - next_try > 300.0
+    ]:
+        del backoff[peer]
+    if len(backoff) > limit:
+        for peer in sorted(backoff, key=lambda p: backoff[p][0])[: len(backoff) - limit]:
+            del backoff[peer]
+
+
 async def _main(in_fd: int, out_fd: int) -> int:
     commands = ipc.FrameReader(trio.lowlevel.FdStream(in_fd))
     out = ipc.FrameWriter(trio.lowlevel.FdStream(out_fd))
@@ -797,11 +890,24 @@ async def _main(in_fd: int, out_fd: int) -> int:
     return 1
 
 
+def _watch_parent(parent_pid: int) -> None:
+    """Exit as soon as the parent is gone, even while the event loop is busy (a publish
+    waiting out backpressure reads no command, and so no end of stdin, for 10 s)."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(0)
+
+
 def main() -> None:
     # Frames own stdout; anything printed by a library goes to stderr instead.
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    # The parent decides when to stop: a SIGINT or SIGTERM sent to the whole process
+    # group reaches this process too, and dying of it made the node restart its network
+    # while stopping. The parent stops it with SIGUSR1 (its default action ends it).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     # py-libp2p logs routine events (a failed dial, a stream refused by a busy peer) as
     # errors, several lines each. What matters is logged here in our own words (bad
     # frames, bans, restarts); SAPO_LIBP2P_LOG=DEBUG shows the library's own logs.

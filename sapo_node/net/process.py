@@ -14,6 +14,16 @@ the model. The node talks to it through bounded queues:
 
 If the child dies it is restarted (with the same identity and the ports it had), with
 a growing delay; the round loop never waits for it.
+
+What the child learns about peers that must outlive it (bans, with the wall-clock time
+each ends, and score penalties) comes here in its stats; it is kept in
+``peers-net.json`` in the data directory (peerstate.py: bounded, expiring, replaced
+atomically, saved as it changes) and handed to every child this transport starts, and
+to the next run's.
+
+The child ignores SIGINT and SIGTERM, so that a signal sent to the node's whole process
+group (Ctrl-C, ``timeout``, a supervisor) does not kill it under the node, which would
+restart it instead of stopping; ``close`` stops it with SIGUSR1.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import math
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -30,13 +41,14 @@ from typing import Any
 
 import structlog
 
-from sapo_node import wire
+from sapo_node import peerstate, wire
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net import Inbox, NetError, NetStats, Received, count_refusal, identity, ipc
 
 log = structlog.get_logger("sapo_node.net")
 
 _COUNTED = ("received", "rejected", "bytes_in", "bytes_out")
+MAX_BANNED = 10_000  # as the network process's own bound (host.py)
 
 
 class Libp2pTransport:
@@ -70,6 +82,18 @@ class Libp2pTransport:
             "burst_per_author": pool.burst_per_author,
             "json_logs": json_logs,
         }
+        # What the network process knows of peers, kept across its restarts and the node's.
+        self.state_path = data_dir / peerstate.NET_FILE
+        saved = peerstate.load(self.state_path, "net")
+        self.settings["banned"] = peerstate.deadlines(saved.get("banned"), time.time(), MAX_BANNED)
+        self.settings["penalties"] = saved.get("penalties") or {}
+        if self.settings["banned"] or self.settings["penalties"]:
+            log.info(
+                "peer bans and penalties restored",
+                banned=len(self.settings["banned"]),
+                penalised=len(self.settings["penalties"]),
+                path=str(self.state_path),
+            )
         self._last_drop_log = -math.inf
         self.addrs: list[str] = []
         self.child_stats: dict[str, Any] = {}
@@ -160,20 +184,22 @@ class Libp2pTransport:
         return False
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the child (SIGTERM: it has nothing to save), then make sure it has. Not a
-        frame on stdin: the writer thread may be blocked on a full pipe there."""
+        """Stop the child (SIGUSR1: it ignores SIGTERM, and has nothing to save: its state
+        is kept here), then make sure it has. Not a frame on stdin: the writer thread may
+        be blocked on a full pipe there."""
         if self._closing.is_set():
             return
         self._closing.set()
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            proc.terminate()
+            proc.send_signal(signal.SIGUSR1)
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self._kill()
         if hasattr(self, "_supervisor"):
             self._supervisor.join(timeout_s)
+        self.save_peer_state()
 
     # --- the child ----------------------------------------------------------------------
 
@@ -209,6 +235,7 @@ class Libp2pTransport:
                 with self._lock:
                     for author, reason, n in frame[1].pop("refusals", ()):
                         count_refusal(self._refusals, str(author), str(reason), int(n))
+                self._keep_peer_state(frame[1])
                 self.child_stats = frame[1]
             elif kind == "ready":
                 self.addrs, self._listening = list(frame[2]), list(frame[3])
@@ -216,6 +243,23 @@ class Libp2pTransport:
             elif kind == "fatal":
                 self._fatal = frame[1]
                 self._ready.set()
+
+    def _keep_peer_state(self, stats: dict[str, Any]) -> None:
+        """Save the child's bans and penalties when they change; the next child starts
+        with them."""
+        changed = False
+        banned = stats.get("banned")
+        if isinstance(banned, dict) and banned != self.settings["banned"]:
+            self.settings["banned"], changed = banned, True
+        penalties = stats.pop("penalties", None)
+        if isinstance(penalties, dict) and penalties != self.settings["penalties"]:
+            self.settings["penalties"], changed = penalties, True
+        if changed:
+            self.save_peer_state()
+
+    def save_peer_state(self) -> None:
+        s = self.settings
+        peerstate.save(self.state_path, "net", {"banned": s["banned"], "penalties": s["penalties"]})
 
     def _write(self, proc: subprocess.Popen[bytes]) -> None:
         while proc.poll() is None and not self._closing.is_set():

@@ -15,10 +15,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _config(tmp_path: Path, model_dir: Path) -> Path:
+def _config(tmp_path: Path, model_dir: Path, extra: str = "") -> Path:
     path = tmp_path / "node.toml"
     path.write_text(
-        f"""
+        extra
+        + f"""
 [node]
 checkpoint_every = 2
 seed = 5
@@ -41,8 +42,12 @@ lr = 1e-3
     return path
 
 
-def _start(config: Path, data_dir: Path, *extra: str) -> subprocess.Popen:
+def _start(
+    config: Path, data_dir: Path, *extra: str, session: bool = False, net: bool = False
+) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    if net:  # on loopback (conftest), mDNS off
+        env["SAPO_NET__ENABLED"] = "true"
     return subprocess.Popen(
         [
             sys.executable,
@@ -61,6 +66,7 @@ def _start(config: Path, data_dir: Path, *extra: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=session,
     )
 
 
@@ -152,3 +158,42 @@ def test_corrupt_checkpoint_and_busy_data_dir_are_clear_errors(
     code, err = _finish(proc, timeout=120)
     assert code == 1
     assert "is corrupt" in err and "Traceback" not in err
+
+
+LOOPBACK_NET = """
+[net]
+swarm = "sigterm-test"
+listen = ["/ip4/127.0.0.1/tcp/0"]
+mdns = false
+dht = false
+[status]
+enabled = false
+"""
+
+
+def test_sigterm_to_the_whole_process_group_stops_cleanly_with_no_network_restart(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Issue 33: ``timeout`` and some supervisors send SIGTERM to the node's whole process
+    group, its network process included. That process used to die of it, and the node
+    logged "network process died; restarting" and started another one while stopping.
+    Now the network process leaves the signal to the node, which stops it."""
+    import psutil
+
+    config = _config(tmp_path, tiny_model_dir, LOOPBACK_NET)
+    data = tmp_path / "data"
+    proc = _start(config, data, session=True, net=True)  # its own group, as a supervisor's
+    _wait_for_rounds(proc, data, 3)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    net = [c for c in children if "sapo_node.net.host" in " ".join(c.cmdline())]
+    assert len(net) == 1, [c.cmdline() for c in children]
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, err = _finish(proc, timeout=120)
+    exited = time.monotonic()
+    assert code == 0, err[-3000:]
+    assert "Traceback" not in err
+    assert "network process died" not in err and "network process restarted" not in err
+    assert _latest(data) == len(_rounds(data))  # every recorded round is in the checkpoint
+    assert (data / "peers-net.json").exists()  # the peer state was saved on the way out
+    _, alive = psutil.wait_procs(children, timeout=max(0.0, 5.0 - (time.monotonic() - exited)))
+    assert alive == [], [c.cmdline() for c in alive]  # no child outlives its node by 5 s

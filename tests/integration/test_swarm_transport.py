@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo_node import wire
+from sapo_node import peerstate, wire
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net import NetError, Received, identity
 from sapo_node.net.process import Libp2pTransport
@@ -372,6 +372,43 @@ def ban_and_drop_a_rogue(swarm: Swarm, victim: Libp2pTransport, honest: int) -> 
         "the victim connected to its honest peers only",
     )
     return rogue_id
+
+
+@pytest.mark.timeout(240)
+def test_a_ban_survives_a_network_process_restart_and_a_node_restart(swarm):
+    """Issue 33: a ban is kept in the data directory (peers-net.json, with the wall-clock
+    time it ends) and handed to every network process: one the supervisor restarts after
+    a crash, and one of the next run over the same data directory. It ends when it would
+    have, not later and not at the restart."""
+    victim = swarm.start("victim")
+    honest = swarm.start("honest", to=victim)
+    wait_until(meshed(victim, honest), MESH_S, "victim and honest peer in one mesh")
+    rogue_id = ban_and_drop_a_rogue(swarm, victim, honest=1)
+    ends = victim.child_stats["banned"][rogue_id]
+    assert 590 < ends - time.time() <= 600  # BAN_S, as a wall-clock end
+    path = swarm.root / "victim" / peerstate.NET_FILE
+    wait_until(lambda: peerstate.load(path, "net").get("banned") == {rogue_id: ends}, 10, "saved")
+
+    old_pid = victim._proc.pid
+    os.kill(old_pid, signal.SIGKILL)  # the network process dies; the node restarts it
+    wait_until(lambda: victim._proc.pid != old_pid and victim._ready.is_set(), 60, "a new child")
+    wait_until(lambda: victim.child_stats.get("banned"), 10, "the new child's first report")
+    assert victim.child_stats["banned"] == {rogue_id: ends}
+
+    victim.close()  # the node stops, and a new run starts over the same data directory
+    again = swarm.start("victim", to=honest)  # on a new port: it dials the honest peer
+    wait_until(lambda: again.child_stats.get("banned"), 10, "the next run's first report")
+    assert again.child_stats["banned"] == {rogue_id: ends}
+    left = summary_left(swarm.root / "victim")
+    assert rogue_id in left and 0 < left[rogue_id] <= 600
+    wait_until(meshed(again, honest), MESH_S, "the honest peer is heard again")
+    assert honest.publish(MINIMAL)
+    wait_until(lambda: MINIMAL in swarm.data_from(again, honest), MSG_S, "the honest peer")
+
+
+def summary_left(data_dir: Path) -> dict[str, float]:
+    """Seconds left of each ban, as ``sapo-node pool`` shows them."""
+    return {p: v["left_s"] for p, v in peerstate.summary(data_dir)["banned"].items()}
 
 
 @pytest.mark.timeout(150)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import doctest
 import random
+from pathlib import Path
 
 import pytest
+import structlog
 import torch
 
 from sapo_node import defence as defence_module
-from sapo_node import wire
+from sapo_node import peerstate, wire
 from sapo_node.config import Config, DefenceSection, LoraSection, TrainSection
 from sapo_node.defence import (
     CHECKED,
@@ -260,6 +262,64 @@ def test_a_peer_that_keeps_failing_is_distrusted_then_forgiven(trained) -> None:
     assert kept == [] and screened == {DISTRUSTED: 1}
     now[0] = 61.0  # probation: a fresh record
     assert not d.distrusted("attacker") and d.distrusted_authors() == set()
+
+
+def _distrust_attacker(d: Defence, policy, prompt) -> None:
+    bad = poison("<answer>7</answer>", "zzzz", "suffix")
+    own = _own(policy, prompt)
+    attack = [bad] * 4 + ["<answer>1</answer>"] * 4
+    for _ in range(2):
+        d.screen(own, [_group(policy, prompt, attack, [1] * 4 + [0] * 4, "attacker")])
+    honest = ["<answer>7</answer>", "<answer>1</answer>"]
+    d.screen(own, [_group(policy, prompt, honest, [1, 0], "honest")])
+    assert d.distrusted("attacker") and not d.distrusted("honest")
+
+
+def test_a_distrust_and_the_reputation_survive_a_restart_and_end_on_time(trained, tmp_path) -> None:
+    """Issue 33: the defences' memory is saved in the data directory (peerstate.py) and a
+    new Defence over the same file, as after a node restart, starts where the old one
+    stopped; deadlines are wall-clock times, so the distrust ends when it would have."""
+    policy, trainer, prompt = trained
+    now = [1_000_000.0]
+    settings = DefenceSection(
+        max_rank_bits=RANK_BITS, reputation_min_checked=8, reputation_window=16, distrust_s=60
+    )
+    path = tmp_path / peerstate.DEFENCE_FILE
+
+    def restart() -> Defence:
+        return Defence(
+            settings, trainer.completion_ranks, Counts(), clock=lambda: now[0], state_path=path
+        )
+
+    _distrust_attacker(restart(), policy, prompt)  # saved by its screening, no close
+    now[0] += 30.0
+    again = restart()
+    assert again.distrusted("attacker") and again.distrusted_authors() == {"attacker"}
+    assert again.state()["history"]["honest"][0] == "1"  # its one checked completion
+    left = peerstate.summary(tmp_path, now[0])["distrusted"]
+    assert left == {"attacker": {"left_s": 30.0}}
+    now[0] += 31.0  # past the end: forgiven, a fresh record, in this run and the next
+    assert not again.distrusted("attacker")
+    again.save()
+    assert not restart().distrusted("attacker")
+    assert peerstate.summary(tmp_path, now[0])["distrusted"] == {}
+
+
+def test_a_corrupt_defence_file_is_refused_in_one_line_and_the_node_starts_empty(
+    trained, tmp_path
+) -> None:
+    policy, trainer, prompt = trained
+    path = tmp_path / peerstate.DEFENCE_FILE
+    path.write_text('{"kind": "defence", "version": 1, "state": {"distr')  # cut mid-write
+    with structlog.testing.capture_logs() as logs:
+        d = Defence(DefenceSection(), trainer.completion_ranks, Counts(), state_path=path)
+    refused = [e for e in logs if e["log_level"] == "warning"]
+    assert len(refused) == 1 and "starting with no saved defence state" in refused[0]["event"]
+    assert "not JSON" in refused[0]["reason"] and str(path) == refused[0]["path"]
+    assert d.state() == {"history": {}, "distrusted": {}}
+    assert not path.exists() and Path(refused[0]["kept"]).exists()  # moved aside
+    d.save()  # the next save writes a good file
+    assert peerstate.load(path, "defence") == {"history": {}, "distrusted": {}}
 
 
 def test_pool_caps_one_authors_share_and_skips_distrusted(tmp_path) -> None:
