@@ -69,7 +69,7 @@ function chart(container, id, title, opts) {
   const box = el("div", { class: "chart", id: "chart-" + id });
   const legend = el("div", { class: "legend" });
   const readout = el("div", { class: "readout" });
-  const W = 400, H = opts.height || 170, L = 44, R = 8, T = 6, B = 20;
+  const W = 400, H = opts.height || 170, L = 44, R = 14, T = 6, B = 20;
   const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title, "data-chart": id, "data-points": 0 });
   box.append(el("h3", {}, title), legend, plot, readout);
   container.append(box);
@@ -92,9 +92,9 @@ function chart(container, id, title, opts) {
     if (x1 === x0) { x0 -= 1; x1 += 1; }
     const ys = series.flatMap((s) => s.values).filter((v) => v !== null && v !== undefined && Number.isFinite(v));
     let y0 = o.min !== undefined ? o.min : Math.min(0, ...ys);
-    let y1 = o.max !== undefined ? Math.max(o.max, ...ys) : Math.max(...ys, y0 + 1e-9);
+    let y1 = o.max !== undefined ? Math.max(o.max, ...ys) : Math.max(...ys, y0);
     if (!ys.length) { y0 = 0; y1 = 1; }
-    if (y1 - y0 < 1e-9) y1 = y0 + 1;
+    if (y1 - y0 < 1e-6) y1 = y0 + 1;  // a flat line: a unit of room above it
     const sx = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R);
     const sy = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
     for (let i = 0; i <= 4; i++) {

@@ -5,6 +5,8 @@
 (() => {
   const { el, fmt, duration, shortPeer, facts, chart, getJSON } = window.sapo;
   const POLL_MS = 2000;
+  // Outcomes that are no refusal: pooled groups that left, completions the checks looked at.
+  const NEUTRAL = (k) => k.startsWith("evicted") || k === "expired" || k === "completions_checked";
   const $ = (id) => document.getElementById(id);
   let charts = null, netChart = null, shownRound = null, lastOk = Date.now();
   const netSamples = { t: [], peers: [], inRate: [], outRate: [] }; // a relay's view, since the page opened
@@ -115,7 +117,7 @@
     const body = $("peers").tBodies[0];
     const rows = (f.authors || []).map((a) => {
       const tags = Object.entries(a.outcomes).map(([k, v]) =>
-        el("span", { class: "tag" + (k.startsWith("evicted") || k === "expired" ? "" : " bad") }, `${k} ${v}`));
+        el("span", { class: "tag" + (NEUTRAL(k) ? "" : " bad") }, `${k} ${v}`));
       if (a.distrusted) tags.unshift(el("span", { class: "tag bad" }, "distrusted"));
       return el("tr", { class: a.distrusted ? "distrusted" : null, "data-peer": a.peer },
         el("td", { class: "peer", title: a.peer }, shortPeer(a.peer)),
