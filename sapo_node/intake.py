@@ -51,7 +51,7 @@ log = structlog.get_logger(__name__)
 # Reasons found by the receiver, besides wire.decode's and the pool's admission
 # ("duplicate", "rate_limited").
 BAD_AUTHOR = "bad_author"
-EXPIRED = "expired"
+TOO_OLD = "too_old"  # on arrival; a pooled group that ages out unused is "expired"
 FROM_THE_FUTURE = "from_the_future"
 UNKNOWN_FAMILY = "unknown_family"
 GENERATOR_MISMATCH = "generator_mismatch"
@@ -64,14 +64,14 @@ RECENT_REFUSALS = 50
 MAX_DETAIL_CHARS = 300
 DISTRUSTED = "distrusted"  # the poisoning defences ignore this peer for now (defence.py)
 
-# Dropped without blame. A duplicate or an expired group has honest causes: a node that
+# Dropped without blame. A duplicate or a too old group has honest causes: a node that
 # resumes from its checkpoint redoes its last rounds and publishes the same groups again,
 # a relay or this node's own inbox (drained once a round) delivers late; both are found
 # by cheap checks before any regeneration or scoring, and the rate limit bounds them.
 # Blaming them got resumed nodes banned by every peer (docs/soak.md).
 IGNORED = wire.IGNORED | {
     "duplicate",
-    EXPIRED,
+    TOO_OLD,
     UNKNOWN_FAMILY,
     UNKNOWN_CONFIG,
     GENERATOR_MISMATCH,
@@ -140,7 +140,7 @@ class Intake:
         if created > now + self.max_clock_skew_s:
             return self._refuse(author, FROM_THE_FUTURE, f"created {created - now:.0f} s ahead")
         if created < now - self.pool.max_age_s:
-            return self._refuse(author, EXPIRED, f"created {now - created:.0f} s ago")
+            return self._refuse(author, TOO_OLD, f"created {now - created:.0f} s ago")
         digest = group_digest(author, msg)
         admission = self.pool.check(author, digest)
         if admission is not None:

@@ -301,6 +301,8 @@ class Node:
         )
         self.transport = transport
         self._net_before = NetStats()
+        self._outcomes_before: Counter[str] = Counter()
+        self._outcomes_before = self._pool_outcomes()
         self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
         self.store = CheckpointStore(self.data_dir, keep=config.node.keep_checkpoints)
         self.round = 0
@@ -352,6 +354,7 @@ class Node:
         record.update({f"defence/{k}": v for k, v in sorted(screened.items())})
         record.update(_age_record(theirs, r, self.pool.clock()))
         record.update(self._net_record(published, inbound))
+        record.update(self._outcome_record())
         if self.config.eval.every and (r + 1) % self.config.eval.every == 0:
             with timer("eval"):
                 report = self.evaluate()
@@ -522,6 +525,27 @@ class Node:
             "bytes_in": now.bytes_in - before.bytes_in,
             "bytes_out": now.bytes_out - before.bytes_out,
         }
+
+    def _outcome_record(self) -> dict[str, int]:
+        """Peers' groups by outcome since the previous round (``peer_groups/<outcome>``,
+        non-zero ones): accepted, each refusal reason (``too_old`` on arrival,
+        ``duplicate``, ...), and what became of pooled groups never trained on
+        (``expired``: aged out unused; ``evicted_*``). The pool's per-peer counts grow by
+        exactly these (``sapo-node pool``, ``/metrics``' ``sapo_peer_groups``)."""
+        now = self._pool_outcomes()
+        before, self._outcomes_before = self._outcomes_before, now
+        return {f"peer_groups/{k}": n - before[k] for k, n in sorted(now.items()) if n > before[k]}
+
+    def _pool_outcomes(self) -> Counter[str]:
+        totals: Counter[str] = Counter()
+        try:
+            for counts in self.pool.counts().values():
+                totals.update(counts)
+        except sqlite3.Error as exc:
+            log.warning("cannot read the pool's counts", error=str(exc))
+            return self._outcomes_before
+        # completions (the poisoning checks) are counted in defence/*
+        return Counter({k: n for k, n in totals.items() if not k.startswith("completions_")})
 
     def _model_label(self) -> str:
         """The model's name for peers: a local directory by its last part only (its full

@@ -24,7 +24,10 @@ task, compared the question and scored every completion with its own verifier
 - persistent: one SQLite file in the data directory, so a restart keeps it. A file written
   before groups kept their arrival round gains the column when opened (its groups' round
   is unknown: NULL); a version that does not know the column ignores it;
-- accountable: per author, how many groups were accepted and rejected, by reason.
+- accountable: per author, how many groups were accepted and refused, by reason, and
+  what became of accepted ones that were never trained on: ``expired`` (aged out of the
+  pool unused; a group already too old on arrival is the intake's ``too_old``),
+  ``evicted_quota`` and ``evicted_full``. Every peer's group ends in exactly one count.
 
 Sampling takes groups out (a node trains on each group once). Policies are pure
 functions of the candidates, behind one signature:
@@ -67,6 +70,7 @@ MAX_AUTHOR_CHARS = 128
 MAX_TRACKED_AUTHORS = 10_000
 OTHERS = "(others)"
 ACCEPTED = "accepted"
+AGED_OUT = "expired"  # a pooled group older than max_age_s, never drawn
 
 
 @dataclass(frozen=True)
@@ -490,7 +494,7 @@ class Pool:
             k for (k,) in self._db.execute("SELECT key FROM groups WHERE received < ?", (cutoff,))
         ]
         if stale:
-            self._delete(stale, "expired")
+            self._delete(stale, AGED_OUT)
         self._db.execute("DELETE FROM seen WHERE time < ?", (cutoff,))
 
 

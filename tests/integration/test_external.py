@@ -306,4 +306,58 @@ def test_groups_older_than_the_pool_keeps_are_refused(receiver: Node) -> None:
         created_ms=int((time.time() - receiver.pool.max_age_s - 5) * 1000),
     )
     assert receiver.pool.max_age_s == 300.0  # the default: fresh over stale
-    assert _send(receiver, stale) == "expired"
+    assert _send(receiver, stale) == "too_old"
+
+
+def _created(group: wire.RolloutGroup, skew_s: float) -> wire.RolloutGroup:
+    """``group`` as made by a peer whose clock is ``skew_s`` ahead (negative: behind)."""
+    return dataclasses.replace(group, created_ms=int((time.time() + skew_s) * 1000))
+
+
+@pytest.mark.parametrize(
+    ("skew_s", "reason"),
+    [
+        (120.0, "accepted"),  # 2 minutes ahead: within max_clock_skew_s (300 s)
+        (-120.0, "accepted"),  # 2 minutes behind: 120 s old, within max_age_s (300 s)
+        (300.0 + 60.0, "from_the_future"),  # beyond the skew allowed ahead: a reject
+        (-(300.0 + 60.0), "too_old"),  # older than the pool keeps groups: ignored
+    ],
+)
+def test_a_peer_clock_ahead_or_behind_is_accepted_within_the_spec_tolerance(
+    receiver: Node, skew_s: float, reason: str
+) -> None:
+    """protocol/SPEC.md §5 step 7: a receiver takes a group created up to
+    ``pool.max_clock_skew_s`` (300 s) ahead of its own clock and up to ``pool.max_age_s``
+    (300 s) behind it; beyond, ``from_the_future`` (rejected) or ``too_old`` (ignored)."""
+    assert receiver.intake.max_clock_skew_s == 300.0 and receiver.pool.max_age_s == 300.0
+    verdict = receiver.receive(wire.encode(_created(_shared(30, ("777", "x")), skew_s)), "p")
+    assert verdict.reason == reason
+    outcome = {"accepted": "accepted", "from_the_future": "rejected", "too_old": "ignored"}
+    assert verdict.outcome == outcome[reason]
+
+
+def test_every_peer_group_is_accounted_for_by_outcome(receiver: Node) -> None:
+    """Issue 33: a group too old on arrival (``too_old``), a duplicate and a pooled group
+    that aged out unused (``expired``) are counted apart, per peer (``sapo-node pool``,
+    ``/metrics``) and per round (``peer_groups/<outcome>``)."""
+    from sapo_node.status import Status, metric_families
+
+    fresh = _shared(31, ("777", "x", "y", "z"))
+    assert _send(receiver, _created(fresh, -400.0)) == "too_old"
+    assert _send(receiver, fresh) == "accepted"
+    assert _send(receiver, fresh) == "duplicate"
+    later = time.time() + receiver.pool.max_age_s + 10
+    receiver.pool.clock = lambda: later  # the accepted group ages out before any round
+    record = receiver.run_round(0)
+    assert record["external_groups"] == 0
+    outcomes = {"too_old": 1, "accepted": 1, "duplicate": 1, "expired": 1}
+    assert {k: v for k, v in record.items() if k.startswith("peer_groups/")} == {
+        f"peer_groups/{k}": v for k, v in outcomes.items()
+    }
+    assert receiver.pool.counts() == {"peer-a": outcomes}
+    families = metric_families(Status(receiver.config, node=receiver).facts())
+    (groups,) = [f for f in families if f.name == "sapo_peer_groups"]
+    assert {s.labels["outcome"]: s.value for s in groups.samples if s.name.endswith("_total")} == (
+        outcomes
+    )
+    assert not any(k.startswith("peer_groups/") for k in receiver.run_round(1))  # nothing new
