@@ -4,7 +4,8 @@
 VENV   ?= .venv
 PYTHON ?= python3
 ARGS   ?=
-PYTEST_ARGS ?= -m "not slow and not gpu"
+# Two workers: most integration tests wait on node processes (docs/development.md).
+PYTEST_ARGS ?= -m "not slow and not gpu" -n 2
 STAMP  := $(VENV)/.installed
 
 .PHONY: start test test-slow test-all lint bench clean-venv
