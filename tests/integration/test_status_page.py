@@ -86,7 +86,10 @@ def chromium():
 def test_the_live_page_in_a_real_browser(tmp_path: Path, tiny_model_dir: Path, chromium) -> None:
     swarm = f"page-{time.monotonic_ns() % 10**9}"
     config = node_config(tmp_path / "node.toml", tiny_model_dir, swarm)
-    config.write_text(config.read_text() + "[eval]\nevery = 3\ntasks = 4\n")
+    # A stopped verifier worker holds the round loop only while scoring waits for it.
+    config.write_text(
+        config.read_text() + "[eval]\nevery = 3\ntasks = 4\n[scoring]\ntimeout_s = 600.0\n"
+    )
     node = NodeProcess("node", tmp_path, config)
     node.start(extra=("--status-listen", "127.0.0.1:0"))
     rogue = browser = worker = None
@@ -135,10 +138,15 @@ def test_the_live_page_in_a_real_browser(tmp_path: Path, tiny_model_dir: Path, c
             nonlocal worker
             worker = _worker(node)
             worker.send_signal(signal.SIGSTOP)
-            settled = _status(base)["round"]
-            time.sleep(1.0)
-            rounds = _status(base)["round"]
-            assert rounds == settled, "the round loop did not stop"
+            # a round already past scoring may still finish; the next one waits on the worker
+            rounds, deadline = _status(base)["round"], time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(2.0)
+                settled, rounds = rounds, _status(base)["round"]
+                if rounds == settled:
+                    break
+            else:
+                raise AssertionError("the round loop did not stop")
             browser.wait_for(
                 f"{ROUND_CHARTS}.length >= 10 && {ROUND_CHARTS}"
                 f".every(s => s.getAttribute('data-points') === '{rounds}')",
