@@ -13,6 +13,7 @@ Skips, saying why, where no Chromium is installed (.ci/run installs Debian's).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -192,9 +193,10 @@ def test_the_live_page_in_a_real_browser(tmp_path: Path, tiny_model_dir: Path, c
         requests = browser.requests()
         assert requests and all(urlsplit(u).netloc == host for u in requests), requests
         assert {urlsplit(u).path for u in requests} >= {"/", "/status", "/history"}
-    finally:
+    finally:  # each step whatever the one before did: nothing the test started outlives it
         if worker is not None:
-            worker.send_signal(signal.SIGCONT)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.send_signal(signal.SIGCONT)
         if browser is not None:
             browser.close()
         if rogue is not None:
