@@ -596,7 +596,7 @@ class Node:
     # --- record and state --------------------------------------------------------------
 
     def _record(self, r, local, groups, stats: TrainStats, new_tokens, seconds, moves):
-        """The round's metrics row (docs/operations.md lists every key). What sharing did this round:
+        """The round's metrics row (docs/operations.md lists every key). What sharing did:
 
         - ``external_reward_mean``: mean reward of the completions of the peers' groups
           trained on (after the defence's screening, as trained); null with none;
