@@ -213,6 +213,10 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
         }
         if base_nodes is not None and a is not baseline:
             entry |= _versus(nodes, base_nodes)
+            entry["by_replicate"] = by_replicate(nodes, base_nodes, spec.experiment.nodes)
+            entry["by_half"] = by_half(nodes, base_nodes, rounds)
+            entry["conclusion"] = conclusion(entry["p_reward"], total, entry["by_replicate"],
+                                             sum(n["cumulative_reward"] for n in base_nodes))
         plain = next(
             (p for p in order if p.ratio == a.ratio and p.sampling is None and p.solver is None),
             None,
@@ -250,6 +254,59 @@ def _versus(nodes, base_nodes) -> dict[str, Any]:
         ]
         out |= {"p_heldout": sign_flip_p(acc), "diff_heldout": acc}
     return out
+
+
+def by_replicate(nodes, base_nodes, per_swarm: int) -> list[float | None]:
+    """Cumulative reward over J = 0's within each replicate (independent swarm pair).
+
+    >>> by_replicate([{"cumulative_reward": x} for x in (2, 2, 3, 3)],
+    ...              [{"cumulative_reward": 1}] * 4, 2)
+    [2.0, 3.0]
+    """
+    out = []
+    for k in range(0, len(nodes), per_swarm):
+        mine = sum(n["cumulative_reward"] for n in nodes[k : k + per_swarm])
+        base = sum(n["cumulative_reward"] for n in base_nodes[k : k + per_swarm])
+        out.append(_ratio(mine, base))
+    return out
+
+
+def by_half(nodes, base_nodes, rounds: int) -> list[dict[str, Any]]:
+    """The primary endpoint in rounds 0..R/2-1 and R/2..R-1: ratio to J = 0, and the
+    sign-flip p over per-node differences of the half's cumulative reward."""
+    mid = rounds // 2
+    out = []
+    for lo, hi in ((0, mid), (mid, rounds)):
+        mine = [sum(n["rewards"][lo:hi]) for n in nodes]
+        base = [sum(n["rewards"][lo:hi]) for n in base_nodes]
+        out.append({
+            "rounds": [lo, hi - 1],
+            "ratio": _ratio(sum(mine), sum(base)),
+            "p": sign_flip_p([x - b for x, b in zip(mine, base, strict=True)]),
+            "pairs_favouring": sum(x > b for x, b in zip(mine, base, strict=True)),
+        })
+    return out
+
+
+ALPHA = 0.05
+
+
+def conclusion(p: float, total: float, replicates: Sequence[float | None], base: float) -> str:
+    """The decision rule fixed before the evidence run (docs/results/evidence-cpu/
+    PREREGISTRATION.md): "helped" (or "hurt") needs p < ALPHA, the pooled ratio above
+    (below) 1, and every replicate's ratio on the same side; else "no detectable
+    difference".
+
+    >>> conclusion(0.0078, 12.0, [1.1, 1.3], 10.0)
+    'helped'
+    >>> conclusion(0.0078, 12.0, [0.9, 1.3], 10.0)
+    'no detectable difference'
+    """
+    if p < ALPHA and total > base and all(r is not None and r > 1 for r in replicates):
+        return "helped"
+    if p < ALPHA and total < base and all(r is not None and r < 1 for r in replicates):
+        return "hurt"
+    return "no detectable difference"
 
 
 def _pct(x: float) -> str:
@@ -302,9 +359,47 @@ def render_table(results: dict[str, Any]) -> str:
         "rounds, summed over nodes (evaluation excluded; it is the same for every "
         "configuration).",
     ]
+    lines += _against_baseline_table(results)
     lines += _format_table(results)
     lines += _mechanism_table(results)
     return "\n".join(lines) + "\n"
+
+
+def _against_baseline_table(results: dict[str, Any]) -> list[str]:
+    """The primary endpoint against J = 0 by replicate and by half, and the verdict."""
+    rows = [c for c in results["configurations"] if c.get("by_half")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Against J = 0: by replicate, by half, and the verdict",
+        "",
+        "| I / J | sampling | ratio per replicate | rounds 0-"
+        f"{rows[0]['by_half'][0]['rounds'][1]}: ratio (p, pairs favouring) | rounds "
+        f"{rows[0]['by_half'][1]['rounds'][0]}-{rows[0]['by_half'][1]['rounds'][1]}: "
+        "ratio (p, pairs favouring) | sharing ... |",
+        "|---|---|---|---|---|---|",
+    ]
+    n = results["pairs"]
+    for c in rows:
+        reps = ", ".join("–" if r is None else f"{r:.2f}x" for r in c["by_replicate"])
+        halves_ = [
+            f"{'–' if h['ratio'] is None else format(h['ratio'], '.2f') + 'x'} "
+            f"({_p(h['p'])}, {h['pairs_favouring']} of {n})"
+            for h in c["by_half"]
+        ]
+        lines.append(
+            f"| {_label(c)} | {c['sampling']} | {reps} | {halves_[0]} | {halves_[1]} "
+            f"| {c['conclusion']} |"
+        )
+    lines += [
+        "",
+        f"- Ratio per replicate: cumulative reward against J = 0 within each independent "
+        f"swarm pair. Verdict (fixed before the evidence run): helped / hurt when p < {ALPHA}, "
+        "the pooled ratio is above / below 1 and every replicate's ratio agrees; else no "
+        "detectable difference.",
+    ]
+    return lines
 
 
 def _mechanism_table(results: dict[str, Any]) -> list[str]:

@@ -67,6 +67,28 @@ def test_analysis_of_known_runs() -> None:
     assert "smallest possible p is 0.125" in table
 
 
+def test_replicates_halves_and_the_preregistered_verdict() -> None:
+    spec = ExperimentSpec.model_validate(
+        {"experiment": {"nodes": 2, "replicates": 2, "rounds": 4, "grid": ["2/0", "1/1"]}}
+    )
+    base = [_node([0.1] * 4, [0, 0]) for _ in range(4)]
+    # replicate 0 gains in the first half only, replicate 1 in both halves
+    shared = [_node([0.2, 0.2, 0.1, 0.1], [0, 0]) for _ in range(2)]
+    shared += [_node([0.2, 0.2, 0.2, 0.2], [0, 0]) for _ in range(2)]
+    results = analyse(spec, {"2/0": base, "1/1": shared})
+    s = results["configurations"][1]
+    assert s["by_replicate"] == [pytest.approx(1.5), pytest.approx(2.0)]
+    first, second = s["by_half"]
+    assert first["rounds"] == [0, 1] and first["ratio"] == pytest.approx(2.0)
+    assert first["p"] == 0.125 and first["pairs_favouring"] == 4
+    assert second["ratio"] == pytest.approx(1.5) and second["pairs_favouring"] == 2
+    # 4 pairs cannot reach p < 0.05: no verdict either way
+    assert s["conclusion"] == "no detectable difference"
+    table = render_table(results)
+    assert "| 1/1 | paper | 1.50x, 2.00x | 2.00x (0.125, 4 of 4) | 1.50x (" in table
+    assert table.rstrip().count("no detectable difference |") == 1
+
+
 def test_incomplete_configurations_are_marked() -> None:
     spec = ExperimentSpec.model_validate(
         {"experiment": {"nodes": 1, "rounds": 3, "grid": ["2/0", "1/1"]}}
