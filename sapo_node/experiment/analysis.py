@@ -215,8 +215,12 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
             entry |= _versus(nodes, base_nodes)
             entry["by_replicate"] = by_replicate(nodes, base_nodes, spec.experiment.nodes)
             entry["by_half"] = by_half(nodes, base_nodes, rounds)
-            entry["conclusion"] = conclusion(entry["p_reward"], total, entry["by_replicate"],
-                                             sum(n["cumulative_reward"] for n in base_nodes))
+            entry["conclusion"] = conclusion(
+                entry["p_reward"],
+                total,
+                entry["by_replicate"],
+                sum(n["cumulative_reward"] for n in base_nodes),
+            )
         plain = next(
             (p for p in order if p.ratio == a.ratio and p.sampling is None and p.solver is None),
             None,
@@ -279,12 +283,14 @@ def by_half(nodes, base_nodes, rounds: int) -> list[dict[str, Any]]:
     for lo, hi in ((0, mid), (mid, rounds)):
         mine = [sum(n["rewards"][lo:hi]) for n in nodes]
         base = [sum(n["rewards"][lo:hi]) for n in base_nodes]
-        out.append({
-            "rounds": [lo, hi - 1],
-            "ratio": _ratio(sum(mine), sum(base)),
-            "p": sign_flip_p([x - b for x, b in zip(mine, base, strict=True)]),
-            "pairs_favouring": sum(x > b for x, b in zip(mine, base, strict=True)),
-        })
+        out.append(
+            {
+                "rounds": [lo, hi - 1],
+                "ratio": _ratio(sum(mine), sum(base)),
+                "p": sign_flip_p([x - b for x, b in zip(mine, base, strict=True)]),
+                "pairs_favouring": sum(x > b for x, b in zip(mine, base, strict=True)),
+            }
+        )
     return out
 
 
