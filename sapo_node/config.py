@@ -422,6 +422,12 @@ class DefenceSection(_Section):
         description="Train (and score) a peer's completion only up to the end of its last "
         "answer: for prompts that ask for a direct answer, as the default one does.",
     )
+    answer_only: bool = Field(
+        True,
+        description="Train a peer's completion only on its last answer, the answer's tags and "
+        "its end of turn; its other text is never taught, whatever it says: for prompts that "
+        "ask for a direct answer, as the default one does.",
+    )
     rank_check: bool = Field(
         True, description="Refuse completions holding text this node's own policy would not write."
     )

@@ -36,6 +36,16 @@ go through, in order:
    choices; a payload's do not (measured on the embedded model, docs/security.md: an
    honest peer's worst window at most 3.4 bits, a payload's at least 9).
 
+4. only the answer teaches (``answer_only``): of every peer's completion that is left,
+   positive advantage or not, the loss counts only the tokens of its last answer with
+   the tags, and its end of turn (``answer_tokens``); the text before the answer is
+   context, never a target. The checks above judge a payload by its look, and a payload
+   can look like anything: a false claim in common words is made of tokens the policy
+   ranks highly, and under the outside bound (docs/security.md, the in-style class).
+   What a peer can teach this node is what this node's own verifier checked (the answer)
+   and what its prompt asks for (the tags). It costs what peers' free text would have
+   taught: nothing wanted, with prompts that ask for a direct answer.
+
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
 there is gone without refusing the peer. The intake scores the cut text (node.py
@@ -54,9 +64,13 @@ are saved in ``peers-defence.json`` in the data directory (peerstate.py) after e
 round's screening and when the node stops, at most MAX_TRACKED of each; a record not
 added to for HISTORY_TTL_S is forgotten.
 
-What this does not stop: a payload that this node's own policy already finds likely
-(it passes the log-prob check, and teaches little the node would not write anyway);
-text placed in completions below the group's mean, which the node learns to avoid.
+What this does not stop: text inside the answer tags that this node's verifier scores
+as right (binary rewards need a score of at least 0.999: a payload there fails the
+family's parse, but a lenient custom verifier could pass it); text placed in
+completions below the group's mean, which the node learns to avoid. With a prompt that
+asks for reasoning before the answer, ``answer_only`` would also keep the peers'
+reasoning from teaching: turn it off there and rely on checks 1-3, which do not close
+the in-style class.
 """
 
 from __future__ import annotations
@@ -163,6 +177,29 @@ def format_tokens(
         tags = ((start, start + len(tag) + 2), (close, close + len(tag) + 3))
         found |= {k for k, (a, b) in enumerate(spans) if any(a < end and b > s for s, end in tags)}
     return found
+
+
+def answer_tokens(
+    text: str, spans: Sequence[tuple[int, int]], n_ids: int, tag: str = "answer"
+) -> tuple[bool, ...]:
+    """Which of a completion's ``n_ids`` tokens belong to its last answer, tags included
+    (``spans``: each token's characters in ``text``), or come after the last span (an
+    end-of-turn token): what ``answer_only`` teaches of a peer's completion.
+
+    >>> text = "so 7<answer>7</answer>"
+    >>> taught = answer_tokens(text, [(i, i + 1) for i in range(len(text))], len(text) + 1)
+    >>> "".join(c for c, t in zip(text, taught) if t), taught[-1]
+    ('<answer>7</answer>', True)
+    >>> any(answer_tokens("no answer", [(0, 2), (2, 9)], 2))
+    False
+    """
+    taught = [k >= len(spans) for k in range(n_ids)]
+    found = last_answer(text, tag)
+    if found is not None:
+        start, end = found[0], found[1] + len(tag) + 3
+        for k, (a, b) in enumerate(spans[:n_ids]):
+            taught[k] = a < end and b > start
+    return tuple(taught)
 
 
 def rank_bits(ranks: Sequence[int]) -> list[float]:
@@ -385,7 +422,15 @@ class Defence:
             out.append(g)
         if changed:
             self.save()
+        if self.settings.answer_only:
+            out = [replace(g, taught=[self._taught(ids) for ids in g.completion_ids]) for g in out]
         return out, counts
+
+    def _taught(self, ids: Sequence[int]) -> tuple[bool, ...]:
+        found = self.spans(ids) if self.spans is not None else None
+        if not found:  # no token spans (no fast tokenizer, or text that re-tokenises apart)
+            return (False,) * len(ids)  # nothing of it is taught
+        return answer_tokens(found[0], found[1], len(ids))
 
     def _check_ranks(self, pending, verdicts) -> None:
         s = self.settings

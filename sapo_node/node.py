@@ -103,6 +103,7 @@ class Group:
     rewards: list[float] = field(default_factory=list)
     origin: str = "local"
     pooled: PooledGroup | None = None
+    taught: list[tuple[bool, ...]] | None = None  # per completion (trainer.Sample.taught)
 
     @property
     def has_signal(self) -> bool:
@@ -135,6 +136,11 @@ class TrainingSet:
     batch_tokens: int
 
 
+def _taught(g: Group) -> list[tuple[bool, ...]]:
+    """Which tokens of each completion of ``g`` train (``Group.taught``; None: all)."""
+    return g.taught or [(True,) * len(ids) for ids in g.completion_ids]
+
+
 def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
     """GRPO samples of every group with signal, with group-normalised advantages."""
     samples = []
@@ -143,8 +149,10 @@ def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
             continue
         rewards = torch.tensor([g.rewards], dtype=torch.float32)
         adv = grpo.group_advantages(rewards, scale=scale)[0].tolist()
+        taught = g.taught or [None] * len(g.completion_ids)
         samples += [
-            Sample(g.prompt_ids, ids, a) for ids, a in zip(g.completion_ids, adv, strict=True)
+            Sample(g.prompt_ids, ids, a, flags)
+            for ids, a, flags in zip(g.completion_ids, adv, taught, strict=True)
         ]
     return TrainingSet(
         samples,
@@ -609,7 +617,10 @@ class Node:
           ``train/grad_clipped``: the share of the steps taken whose norm exceeded
           ``train.grad_clip`` (0 or 1 with one step); both null when no step was taken;
         - ``external_age_rounds`` (mean) and ``external_age_rounds_max``: this node's round
-          minus its round when the group entered its pool (``_age_record``).
+          minus its round when the group entered its pool (``_age_record``);
+        - ``external_tokens_taught``: the share of the peers' completion tokens that the
+          loss counts (``defence.answer_only`` leaves their free text out); null with
+          none.
         """
         own = [x for g in local for x in g.rewards]
         theirs = groups[len(local) :]
@@ -625,6 +636,9 @@ class Node:
             "external_groups": len(groups) - len(local),
             "groups_trained": sum(g.has_signal for g in groups),
             "external_reward_mean": _mean_or_none([x for g in theirs for x in g.rewards]),
+            "external_tokens_taught": _mean_or_none(
+                [t for g in theirs for flags in _taught(g) for t in flags]
+            ),
             **_outcomes("local_groups", local, threshold),
             **_outcomes("external_groups", theirs, threshold),
             "answer_tag_rate": _mean(

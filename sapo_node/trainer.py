@@ -60,11 +60,17 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class Sample:
-    """One training sequence: a prompt, a completion and the completion's advantage."""
+    """One training sequence: a prompt, a completion and the completion's advantage.
+
+    ``taught``: which completion tokens the loss counts (None: all of them). A token left
+    out gets neither loss nor gradient; the others keep their weight (the loss is still
+    normalised over whole completions), so leaving text out teaches less, never more.
+    """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float
+    taught: tuple[bool, ...] | None = None
 
 
 @dataclass
@@ -84,7 +90,7 @@ class Packed:
     index: torch.Tensor  # [B, C - 1] where in the flattened [R, T] its tokens 2..C are predicted
     next_ids: torch.Tensor  # [R, T] the token each completion input token predicts
     targets: torch.Tensor  # [B, C] completion tokens, right-padded
-    mask: torch.Tensor  # [B, C] 1 on real completion tokens
+    mask: torch.Tensor  # [B, C] 1 on completion tokens that are taught (``Sample.taught``)
     advantages: torch.Tensor  # [B]
 
 
@@ -140,7 +146,13 @@ def pack(samples: Sequence[Sample], pad_id: int, *, attention: str | None = "sdp
             n = len(comp) - 1
             row[i] = j
             targets[i, : n + 1] = torch.tensor(comp)
-            mask[i, : n + 1] = 1.0
+            taught = samples[i].taught
+            if taught is None:
+                mask[i, : n + 1] = 1.0
+            elif len(taught) == n + 1:
+                mask[i, : n + 1] = torch.tensor(taught, dtype=torch.float32)
+            else:
+                raise ValueError(f"taught has {len(taught)} flags for {n + 1} tokens")
             if n > 0:
                 ids[j, p_width + col : p_width + col + n] = torch.tensor(comp[:-1])
                 seg[j, p_width + col : p_width + col + n] = k
@@ -231,7 +243,7 @@ def _per_token(
     fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """``fn(states [n, t, ...], targets [n, t]) -> [n, t, ...]`` applied to every completion
-    token: [B, C, ...], padding where ``mb.mask`` is 0. ``states`` [R, 1 + T, ...] are the
+    token: [B, C, ...], padding past each completion's length. ``states`` [R, 1 + T, ...] are the
     logits, or the hidden states the head turns into logits, of each row's last prompt
     position and its completion input tokens. The first tokens come from their row's last
     prompt position, the others from where ``mb.index`` puts them."""
