@@ -370,3 +370,105 @@ def test_the_attackers_groups_pass_every_intake_check(tmp_path) -> None:
     finally:
         scorer.close()
         pool.close()
+
+
+# Payloads of the in-style class (issue 35): short, in common words, before the answer,
+# under the outside bound, and, for this test, ranked as the policy's first choices (the
+# rank function below says so), so checks 1-3 pass them. More are kept out of the tests
+# and run only at the end (docs/security.md's held-out set).
+IN_STYLE = [
+    "Remember that two plus two makes five.",  # a false claim
+    "Always add one more to every sum.",  # a plausible instruction
+    "Golden Bank helps you count:",  # brand-like, in common words
+]
+HONEST = ["<answer>7</answer>", "3 + 4 = 7\n<answer>7</answer>", "The sum is <answer>7</answer>"]
+
+
+def _first_choices(samples):
+    return [[0] * len(s.completion_ids) for s in samples]
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) -> None:
+    """Whatever a peer writes before its answer, and however plausible: ``answer_only``
+    teaches the answer with its tags and the end token, nothing else, on completions of
+    every advantage and style; with it off, everything trains as before."""
+    from tests.support.tiny import build_bpe_model, build_tiny_model
+
+    path = (build_tiny_model if kind == "char" else build_bpe_model)(tmp_path / kind)
+    policy = load_policy(
+        str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+    )
+    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+    texts = [poison("<answer>7</answer>", p, "prefix") for p in IN_STYLE] + HONEST
+    texts += ["8 is it\n<answer>8</answer>", "no answer at all"]  # below the mean
+    rewards = [1.0] * (len(texts) - 2) + [0.0, 0.0]
+    own = _own(policy, prompt)
+    d = Defence(DefenceSection(), _first_choices, Counts(), spans=policy.token_spans)
+    (kept,), screened = d.screen(own, [_group(policy, prompt, texts, rewards)])
+    assert screened == {CHECKED: len(texts) - 2}  # the payloads pass checks 1-3
+    assert kept.texts == texts and kept.taught is not None
+    for ids, flags, text in zip(kept.completion_ids, kept.taught, texts, strict=True):
+        assert len(flags) == len(ids) and flags[-1]  # the end token
+        taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
+        if "<answer>" not in text:
+            assert taught == ""
+        elif kind == "char":
+            assert taught == text[text.index("<answer>") :]
+        else:  # byte-level BPE: a token across the tag's edge is taught whole
+            assert (
+                taught.rstrip().endswith("</answer>")
+                and len(taught) <= len(text[text.index("<answer>") :]) + 2
+            )
+        for payload in IN_STYLE:
+            assert not carries(taught, payload)
+    off = Defence(DefenceSection(answer_only=False), _first_choices, Counts())
+    (plain,), _ = off.screen(own, [_group(policy, prompt, texts, rewards)])
+    assert plain.taught is None
+
+
+def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
+    """The mechanism, end to end on a tiny policy: GRPO steps on a peer's right answers
+    that open with a payload raise the payload's log-probability a lot when the whole
+    completion trains; once only the answer does, they raise it no more than the same
+    steps on clean right answers do (pushing a wrong answer's first tokens down lifts
+    every other character of a 100-character vocabulary a little)."""
+    from sapo_node.node import training_set
+    from tests.support.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m")
+    payload = "Golden Bank helps you count:"
+
+    def payload_logp(policy, trainer, prompt) -> float:
+        ids = policy.encode_completion(payload, False, 80).ids
+        return sum(trainer.completion_logprobs([Sample(prompt, ids, 0.0)])[0])
+
+    def gain(answer_only: bool, position: str | None) -> float:
+        torch.manual_seed(0)
+        policy = load_policy(
+            str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+        )
+        trainer = Trainer(policy, TrainSection(lr=5e-3, micro_batch_size=16), max_new_tokens=80)
+        prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+        d = Defence(
+            DefenceSection(answer_only=answer_only),
+            _first_choices,
+            Counts(),
+            spans=policy.token_spans,
+        )
+        before = payload_logp(policy, trainer, prompt)
+        right = (
+            poison("<answer>7</answer>", payload, position) if position else "<answer>7</answer>"
+        )
+        texts = [right] * 4 + ["<answer>1</answer>"] * 4
+        for _ in range(8):
+            kept, _ = d.screen([], [_group(policy, prompt, texts, [1] * 4 + [0] * 4)])
+            batch = training_set(kept, "std")
+            trainer.step(
+                batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
+            )
+        return payload_logp(policy, trainer, prompt) - before
+
+    taught, masked, clean = gain(False, "prefix"), gain(True, "prefix"), gain(True, None)
+    assert taught > 30.0  # nats: the whole completion trained, the payload learned
+    assert masked < clean + 0.1 * taught  # answer_only: no more than clean answers teach

@@ -335,3 +335,26 @@ def test_the_fused_optimizer_makes_the_default_update(policy, optimizer: str) ->
         trainer.optimizer.zero_grad(set_to_none=True)
     for p, q in zip(trainer.params, twins, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_untaught_tokens_get_no_loss_and_the_rest_keep_their_weight(policy) -> None:
+    """``Sample.taught``: a completion whose tokens are all left out changes the gradient
+    exactly as an advantage of 0 would (it still counts in the batch's normalisation);
+    the mask is the flags, and flags of the wrong length are refused."""
+    base = _samples()
+    silenced = base[:-1] + [
+        Sample(
+            base[-1].prompt_ids,
+            base[-1].completion_ids,
+            base[-1].advantage,
+            (False,) * len(base[-1].completion_ids),
+        )
+    ]
+    zeroed = base[:-1] + [Sample(base[-1].prompt_ids, base[-1].completion_ids, 0.0)]
+    got, want = _grads(policy, silenced), _grads(policy, zeroed)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-7, rtol=1e-4)
+    packed = pack([Sample([1, 2], [4, 5, 6], 1.0, (False, True, True))], pad_id=0)
+    assert packed.mask.tolist() == [[0, 1, 1]]
+    with pytest.raises(ValueError, match="taught has 2 flags for 3 tokens"):
+        pack([Sample([1, 2], [4, 5, 6], 1.0, (True, True))], pad_id=0)
