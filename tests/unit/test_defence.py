@@ -401,6 +401,7 @@ def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) 
     )
     prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
     texts = [poison("<answer>7</answer>", p, "prefix") for p in IN_STYLE] + HONEST
+    texts += [poison("<answer>7</answer>", IN_STYLE[0], "suffix")]  # if the cut was off
     texts += ["8 is it\n<answer>8</answer>", "no answer at all"]  # below the mean
     rewards = [1.0] * (len(texts) - 2) + [0.0, 0.0]
     own = _own(policy, prompt)
@@ -411,15 +412,15 @@ def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) 
     for ids, flags, text in zip(kept.completion_ids, kept.taught, texts, strict=True):
         assert len(flags) == len(ids) and flags[-1]  # the end token
         taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
-        if "<answer>" not in text:
+        found = defence_module.last_answer(text)
+        if found is None:
             assert taught == ""
-        elif kind == "char":
-            assert taught == text[text.index("<answer>") :]
+            continue
+        answer = text[found[0] : found[1] + len("</answer>")]
+        if kind == "char":
+            assert taught == answer
         else:  # byte-level BPE: a token across the tag's edge is taught whole
-            assert (
-                taught.rstrip().endswith("</answer>")
-                and len(taught) <= len(text[text.index("<answer>") :]) + 2
-            )
+            assert answer in taught and len(taught) <= len(answer) + 2
         for payload in IN_STYLE:
             assert not carries(taught, payload)
     off = Defence(DefenceSection(answer_only=False), _first_choices, Counts())
