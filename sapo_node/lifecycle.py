@@ -18,6 +18,7 @@ itself is ``node.lock_data_dir``.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -63,6 +64,44 @@ def on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, on_signal)
 
 
+MMAP_THRESHOLD = 128 << 10  # glibc's initial value, kept
+
+
+def fix_mmap_threshold() -> bool:
+    """For this whole process (every node in it): glibc allocations of 128 KiB and more
+    get their own mapping, given back on free.
+
+    By default glibc raises this threshold (up to 32 MiB) each time such a block is freed,
+    after which tensors of up to 32 MiB come from the heap. A round allocates and frees
+    tensors of changing sizes among long-lived ones (gradients, the optimiser's state,
+    oneDNN's kernels); in the heap their freed space is kept but rarely fits the next
+    round's tensors, and the resident size rose round after round (with a 1 MiB threshold,
+    100 MiB of free heap after a few training steps, still growing; docs/benchmarks.md).
+    Fixing the threshold at its initial value stops the adjustment. glibc's own
+    ``MALLOC_MMAP_THRESHOLD_`` variable, if set, wins. Elsewhere (musl, macOS) nothing is
+    done. It is a setting of the process, not of a node, so the programs that run nodes
+    call it (``run_node``; the experiment runner and the scripts, once for all their
+    nodes) and it says so in the log. True if it was set.
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # malloc.h
+    if mallopt(m_mmap_threshold, MMAP_THRESHOLD) != 1:
+        log.debug("mallopt refused", threshold=MMAP_THRESHOLD)
+        return False
+    log.info("allocator: glibc mmap threshold fixed for this process", bytes=MMAP_THRESHOLD)
+    return True
+
+
 def run_node(cfg: Config, stop: threading.Event) -> None:
     """A training or generating node: rounds until ``stop`` or ``node.rounds``."""
     from sapo_node.checkpoint import CheckpointError
@@ -75,6 +114,7 @@ def run_node(cfg: Config, stop: threading.Event) -> None:
     if cfg.net.enabled:
         check_ports(cfg)  # before the model loads: a busy port is found at once
     endpoint = status_endpoint(cfg)
+    fix_mmap_threshold()
     try:
         node = Node(cfg, stop=stop)
     except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:

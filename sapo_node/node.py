@@ -203,38 +203,6 @@ class Timer:
             self.progress.leave(name, spent)
 
 
-MMAP_THRESHOLD = 128 << 10  # glibc's initial value, kept
-
-
-def _fix_mmap_threshold() -> None:
-    """glibc: allocations of 128 KiB and more get their own mapping, given back on free.
-
-    By default glibc raises this threshold (up to 32 MiB) each time such a block is freed,
-    after which tensors of up to 32 MiB come from the heap. A round allocates and frees
-    tensors of changing sizes among long-lived ones (gradients, the optimiser's state,
-    oneDNN's kernels); in the heap their freed space is kept but rarely fits the next
-    round's tensors, and the resident size rose round after round (with a 1 MiB threshold,
-    100 MiB of free heap after a few training steps, still growing; docs/benchmarks.md).
-    Fixing the threshold at its initial value stops the adjustment. glibc's own
-    ``MALLOC_MMAP_THRESHOLD_`` variable, if set, wins. Elsewhere (musl, macOS) nothing is
-    done.
-    """
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_mmap_threshold = -3  # malloc.h
-    if mallopt(m_mmap_threshold, MMAP_THRESHOLD) != 1:
-        log.debug("mallopt refused", threshold=MMAP_THRESHOLD)
-
-
 class Node:
     """A node: policy, tasks, scorer, trainer, pool and state, driven round by round."""
 
@@ -253,7 +221,6 @@ class Node:
         self.seed = _node_seed(self.data_dir, config.node.seed)
         if config.node.threads:
             torch.set_num_threads(config.node.threads)
-        _fix_mmap_threshold()
         m = config.model
         self.policy: Policy = load_policy(
             m.name,

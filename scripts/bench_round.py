@@ -29,7 +29,7 @@ Prints, for the same batch on the same machine, in one process, interleaved:
      samples, completions cut to 5-64 tokens, a fixed random sequence) and prints after
      each: seconds, resident and peak RSS, and glibc's heap (in use, free but kept). Set
      ``MALLOC_MMAP_THRESHOLD_`` to compare allocator settings (the node's own is 128 KiB,
-     ``sapo_node.node._fix_mmap_threshold``). With ``--compare-threshold BYTES`` each
+     ``sapo_node.lifecycle.fix_mmap_threshold``). With ``--compare-threshold BYTES`` each
      step is instead a generation of the default shape and a training step, run once with
      the node's threshold and once with BYTES, in alternating order; it prints tokens/s
      (each run trains, so the generations differ) and training seconds (speed only:
@@ -376,6 +376,9 @@ def measure_rounds(args: argparse.Namespace) -> None:
         },
         environ={},
     )
+    from sapo_node.lifecycle import fix_mmap_threshold
+
+    fix_mmap_threshold()  # as `sapo-node start` does
     node = Node(node_cfg)
     try:
         node.run()
@@ -569,11 +572,11 @@ def measure_training_rss(args: argparse.Namespace) -> None:
     import resource
 
     _repo_on_path()
-    from sapo_node.node import _fix_mmap_threshold
+    from sapo_node.lifecycle import fix_mmap_threshold
     from sapo_node.trainer import Trainer
     from tests.support.unshared import unshared_backward
 
-    _fix_mmap_threshold()  # the allocator as a node sets it
+    fix_mmap_threshold()  # the allocator as a node sets it
     cfg, policy, samples = _training_setup(args)
     trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
     old_optimizer = previous_optimizer(trainer.params, cfg.train)
@@ -598,10 +601,10 @@ def measure_heap(args: argparse.Namespace) -> None:
     import random
     import resource
 
-    from sapo_node.node import _fix_mmap_threshold
+    from sapo_node.lifecycle import fix_mmap_threshold
     from sapo_node.trainer import Sample, Trainer
 
-    _fix_mmap_threshold()  # what a node does, unless MALLOC_MMAP_THRESHOLD_ is set
+    fix_mmap_threshold()  # what a node does, unless MALLOC_MMAP_THRESHOLD_ is set
     cfg, policy, samples = _training_setup(args)
     trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
     rng = random.Random(0)

@@ -28,6 +28,7 @@ from sapo_node.experiment.spec import (
     node_config,
     node_seed,
 )
+from sapo_node.lifecycle import fix_mmap_threshold
 
 log = structlog.get_logger(__name__)
 
@@ -203,6 +204,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 e.solver_groups,
                 Deferred(hub.join(f"solver-{replicate}")),
             )
+        fix_mmap_threshold()  # the process's allocator, for all its nodes (it logs so)
         for i in indices:
             config = node_config(spec, a, i, out)
             data_dir = config.node.resolved_data_dir()

@@ -404,11 +404,11 @@ MEASURE_STEPS = """
 import random, resource, sys
 from pathlib import Path
 from sapo_node.config import LoraSection, TrainSection
-from sapo_node.node import _fix_mmap_threshold
+from sapo_node.lifecycle import fix_mmap_threshold
 from sapo_node.policy import load_policy
 from sapo_node.trainer import Sample, Trainer
 n, lora, cache = int(sys.argv[1]), sys.argv[2] == "lora", Path(sys.argv[3])
-_fix_mmap_threshold()  # the node's allocator setting
+fix_mmap_threshold()  # the node's allocator setting
 policy = load_policy("embedded", device="cpu", dtype="float32", lora=LoraSection(enabled=lora),
                      cache_dir=cache, gradient_checkpointing=sys.argv[4:] == ["ckpt"])
 settings = TrainSection(micro_batch_size=8, optimizer_state="float32", checkpoint_above_tokens=0)
