@@ -638,7 +638,7 @@ def _compare_thresholds(args, cfg, policy, trainer, samples, batches) -> None:
     """Generation tokens/s and training seconds under two mmap thresholds, interleaved."""
     import ctypes
 
-    from sapo_node.node import MMAP_THRESHOLD
+    from sapo_node.lifecycle import MMAP_THRESHOLD
 
     mallopt = ctypes.CDLL("libc.so.6").mallopt
     prompts = [list(p) for p in dict.fromkeys(tuple(x.prompt_ids) for x in samples)]  # the 4 tasks'
