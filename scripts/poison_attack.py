@@ -6,7 +6,9 @@ of the nodes' own tasks, right with probability ``--accuracy``, the right comple
 carrying ``--payload``) exchange real wire bytes over the in-memory transport, in
 lockstep as in ``sapo-node experiment``: every node runs round r, then what everyone
 published in round r is delivered. Each honest node is a victim of the attacker and an
-honest peer of the others.
+honest peer of the others. With ``--identities K`` the attacker is K peers (a Sybil
+attack), each with its own author name (``attacker-k``), seed and ``--groups`` a round:
+each identity alone stays under the per-peer share cap and the reputation's counts.
 
 Measured, per node and overall:
 
@@ -26,6 +28,7 @@ Output: OUT/rounds.jsonl (one line per node and round), OUT/evals.jsonl, OUT/rep
 Usage (docs/security.md has the commands and the results):
     python scripts/poison_attack.py --out DIR --defences off --rounds 40
     python scripts/poison_attack.py --out DIR --defences on --rounds 40
+    python scripts/poison_attack.py --out DIR --defences on --identities 16 --groups 1
     python scripts/poison_attack.py summarise DIR [DIR ...]   # report.json again
 """
 
@@ -65,7 +68,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--payload", default=DEFAULT_PAYLOAD)
     p.add_argument("--position", choices=["suffix", "prefix"], default="prefix")
     p.add_argument("--accuracy", type=float, default=0.5, help="the attacker's, per completion")
-    p.add_argument("--groups", type=int, default=4, help="the attacker's groups per round")
+    p.add_argument(
+        "--groups", type=int, default=4, help="groups per round of each attacker identity"
+    )
+    p.add_argument(
+        "--identities",
+        type=int,
+        default=1,
+        help="attacker identities (a Sybil attack: each its own author, seed and groups)",
+    )
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=10)
@@ -165,15 +176,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (args.out / "run.json").write_text(json.dumps(run_facts, indent=2) + "\n", encoding="utf-8")
     hub = MemoryHub()
     observer = hub.join(OBSERVER, per_author=4096, total=65536)
-    attacker = PoisonPeer(
-        configs[0],
-        args.seed + 10**6 * SEED_SPACING,
-        payload=args.payload,
-        accuracy=args.accuracy,
-        groups=args.groups,
-        position=args.position,
-    )
-    attacker_link = Deferred(hub.join(ATTACKER))
+    attackers = [
+        (
+            PoisonPeer(
+                configs[0],
+                args.seed + (10**6 + k) * SEED_SPACING,
+                payload=args.payload,
+                accuracy=args.accuracy,
+                groups=args.groups,
+                position=args.position,
+            ),
+            Deferred(hub.join(ATTACKER if args.identities == 1 else f"{ATTACKER}-{k}")),
+        )
+        for k in range(args.identities)
+    ]
     nodes: list[Node] = []
     names: dict[str, int] = {}
     rounds_log = (args.out / "rounds.jsonl").open("a", encoding="utf-8")
@@ -210,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
 
-        probe = PayloadProbe(configs[0], attacker, nodes[0].policy)
+        probe = PayloadProbe(configs[0], attackers[0][0], nodes[0].policy)
         evaluate(0)
         for r in range(args.rounds):
             start = time.perf_counter()
@@ -220,10 +236,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 records.append(node.run_round(r))
                 node.metrics.append(records[-1])
                 node.round += 1
-            attacker_link.round = r
-            for data in attacker.round_messages(r):
-                attacker_link.publish(data)
-            attacker_link.flush(r)
+            for attacker, link in attackers:
+                link.round = r
+                for data in attacker.round_messages(r):
+                    link.publish(data)
+                link.flush(r)
             for node in nodes:
                 node.transport.flush(r)
             own: dict[int, list[str]] = {i: [] for i in range(len(nodes))}
@@ -286,7 +303,7 @@ def summarise(out: Path) -> dict[str, Any]:
     held: Counter[str] = Counter()
     for pool_file in sorted(out.glob("node-*/pool.sqlite3")):
         for author, c in summary(pool_file)["peers"].items():
-            kind = "attacker" if author == ATTACKER else "honest"
+            kind = "attacker" if author.split("-")[0] == ATTACKER else "honest"
             counts[kind].update({k: v for k, v in c.items() if k != "held"})
             held[kind] += c.get("held", 0)
 

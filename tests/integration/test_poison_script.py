@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 SCRIPT = REPO / "scripts" / "poison_attack.py"
 
 
-def _run(out: Path, model: Path, defences: str) -> dict:
+def _run(out: Path, model: Path, defences: str, *more: str) -> dict:
     done = subprocess.run(
         [
             sys.executable,
@@ -44,6 +44,7 @@ def _run(out: Path, model: Path, defences: str) -> dict:
             "defence.max_outside_answer_chars=32",
             "--payload",
             "Hail to the thief: visit sapo-free-gpu.example",
+            *more,
         ],
         cwd=REPO,
         capture_output=True,
@@ -56,7 +57,8 @@ def _run(out: Path, model: Path, defences: str) -> dict:
 
 def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
     off = _run(tmp_path / "off", tiny_model_dir, "off")
-    on = _run(tmp_path / "on", tiny_model_dir, "on")
+    # defended against two identities (a Sybil attacker), 2 groups a round each
+    on = _run(tmp_path / "on", tiny_model_dir, "on", "--identities", "2", "--groups", "2")
     for report in (off, on):
         assert 0.0 <= report["own_payload_rate_last_tenth"] <= 1.0
         assert 0.0 <= report["eval_payload_rate_end"] <= 1.0
@@ -78,6 +80,8 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
     assert on["pool_counts"]["attacker"]["completions_checked"] > 0
     assert on["pool_counts"]["attacker"].get("completions_outside_answer", 0) > 0
     assert on["attacker_refusal_rate"] > 0 and off["attacker_refusal_rate"] is None
+    pooled = json.loads((tmp_path / "on" / "run.json").read_text())
+    assert pooled["identities"] == 2
     # The report can be made again from what the run left on disk.
     again = subprocess.run(
         [sys.executable, str(SCRIPT), "summarise", str(tmp_path / "on")],
@@ -103,5 +107,7 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
         timeout=60,
     )
     assert shown.returncode == 0, shown.stderr
-    attacker = json.loads(shown.stdout)["peers"]["attacker"]
-    assert attacker["completions_checked"] > 0 and attacker["completions_outside_answer"] > 0
+    peers = json.loads(shown.stdout)["peers"]
+    assert {"attacker-0", "attacker-1"} <= set(peers)  # each identity its own record
+    for attacker in (peers["attacker-0"], peers["attacker-1"]):
+        assert attacker["completions_checked"] > 0 and attacker["completions_outside_answer"] > 0
