@@ -170,13 +170,22 @@ def format_tokens(
     >>> sorted(format_tokens(text, [(i, i + 1) for i in range(len(text))], len(text) + 1))
     [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
     """
-    found = set(range(len(spans), n_ids))
     answer = last_answer(text, tag)
-    if answer is not None:
-        start, close = answer
-        tags = ((start, start + len(tag) + 2), (close, close + len(tag) + 3))
-        found |= {k for k, (a, b) in enumerate(spans) if any(a < end and b > s for s, end in tags)}
-    return found
+    if answer is None:
+        return _covering(spans, n_ids, ())
+    start, close = answer
+    return _covering(spans, n_ids, ((start, start + len(tag) + 2), (close, close + len(tag) + 3)))
+
+
+def _covering(
+    spans: Sequence[tuple[int, int]], n_ids: int, ranges: Sequence[tuple[int, int]]
+) -> set[int]:
+    """The tokens that overlap any of the character ``ranges``, and those after the last
+    span (an end-of-turn token)."""
+    inside = {
+        k for k, (a, b) in enumerate(spans[:n_ids]) if any(a < e and b > s for s, e in ranges)
+    }
+    return inside | set(range(len(spans), n_ids))
 
 
 def answer_tokens(
@@ -193,13 +202,10 @@ def answer_tokens(
     >>> any(answer_tokens("no answer", [(0, 2), (2, 9)], 2))
     False
     """
-    taught = [k >= len(spans) for k in range(n_ids)]
-    found = last_answer(text, tag)
-    if found is not None:
-        start, end = found[0], found[1] + len(tag) + 3
-        for k, (a, b) in enumerate(spans[:n_ids]):
-            taught[k] = a < end and b > start
-    return tuple(taught)
+    answer = last_answer(text, tag)
+    ranges = () if answer is None else ((answer[0], answer[1] + len(tag) + 3),)
+    covered = _covering(spans, n_ids, ranges)
+    return tuple(k in covered for k in range(n_ids))
 
 
 def rank_bits(ranks: Sequence[int]) -> list[float]:

@@ -94,7 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="SECTION.KEY=JSON",
         help="override a node config key, e.g. train.lr=1e-4 (repeatable)",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.identities < 1 or args.groups < 1:
+        p.error("--identities and --groups must be at least 1")
+    return args
 
 
 def node_configs(args: argparse.Namespace) -> list[Config]:

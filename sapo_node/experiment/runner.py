@@ -204,7 +204,6 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 e.solver_groups,
                 Deferred(hub.join(f"solver-{replicate}")),
             )
-        fix_mmap_threshold()  # the process's allocator, for all its nodes (it logs so)
         for i in indices:
             config = node_config(spec, a, i, out)
             data_dir = config.node.resolved_data_dir()
@@ -360,6 +359,7 @@ def run_experiment(
     stop = stop or threading.Event()
     check_resumable(spec, out)
     chosen = [arm(spec, label) for label in only] if only else arms(spec)
+    fix_mmap_threshold()  # the process's allocator, for all its nodes (it logs so)
     finished = True
     try:
         for a in chosen:
