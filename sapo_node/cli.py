@@ -68,6 +68,7 @@ def _overrides(**flags: Any) -> dict[str, Any]:
         "external": ("train", "external_groups"),
         "lora": ("model", "lora", "enabled"),
         "swarm": ("net", "swarm"),
+        "swarm_file": ("net", "swarm_file"),
         "listen": ("net", "listen"),
         "announce": ("net", "announce"),
         "bootstrap": ("net", "bootstrap"),
@@ -126,6 +127,13 @@ def _node_options(
     swarm: Annotated[
         str | None, typer.Option(help="Swarm name (its GossipSub topic: sapo/NAME/rollouts/v2).")
     ] = None,
+    swarm_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="A swarm's published file (TOML): its name, bootstrap peers, tasks and "
+            "recommended config, laid under your own config."
+        ),
+    ] = None,
     listen: Annotated[
         list[str] | None,
         typer.Option(help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4141 (repeatable)."),
@@ -136,7 +144,9 @@ def _node_options(
     ] = None,
     bootstrap: Annotated[
         list[str] | None,
-        typer.Option(help="Peer to join through, /ip4/.../tcp/PORT/p2p/ID (repeatable)."),
+        typer.Option(
+            help="Peer to join through, /ip4/.../tcp/PORT/p2p/ID or /dnsaddr/NAME (repeatable)."
+        ),
     ] = None,
     offline: Annotated[
         bool | None, typer.Option("--offline", help="Train alone: no network at all.")

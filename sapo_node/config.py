@@ -6,6 +6,10 @@ say why a combination is refused. ``configs/default.toml`` mirrors the defaults 
 
 Environment overrides use ``SAPO_<SECTION>__<FIELD>`` with a TOML value, for example
 ``SAPO_NODE__DATA_DIR='"/data"'`` or ``SAPO_TRAIN__LR=1e-5``.
+
+A swarm file (``net.swarm_file``, ``--swarm-file``; sapo_node/swarmfile.py) slides in
+above the defaults, under the user's file: its swarm's name, bootstrap peers, tasks and
+recommended config.
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from pydantic import (
     model_validator,
 )
 
+from sapo_node.net.dnsaddr import parse_nameserver
+
 ENV_PREFIX = "SAPO_"
+# A swarm's name: its topic is sapo/<name>/rollouts/v2 (protocol/SPEC.md, section 2).
+SWARM_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 # The status endpoint's default, apart from the swarm's ports (4141, and the next ones a
 # second node on the machine takes). A node whose default is taken serves on a free port.
 DEFAULT_STATUS_LISTEN = "127.0.0.1:9141"
@@ -473,8 +481,14 @@ class NetSection(_Section):
     )
     swarm: str = Field(
         "sapo-public",
-        pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+        pattern=SWARM_NAME,
         description="Swarm name; its topic is sapo/<swarm>/rollouts/v2 (protocol/SPEC.md).",
+    )
+    swarm_file: Path | None = Field(
+        None,
+        description="A swarm file (TOML) its organiser publishes: the swarm's name, "
+        "bootstrap addresses (joined before these ones), tasks and recommended config, laid "
+        "under this config; a relative path is relative to the working directory.",
     )
     listen: list[str] = Field(
         default_factory=lambda: ["/ip4/0.0.0.0/tcp/4141"],
@@ -489,11 +503,23 @@ class NetSection(_Section):
     bootstrap: list[str] = Field(
         default_factory=list,
         description="Peers to dial at start and re-dial while disconnected, as "
-        "/ip4/A.B.C.D/tcp/PORT/p2p/PEER_ID.",
+        "/ip4/A.B.C.D/tcp/PORT/p2p/PEER_ID, /dns4/NAME/tcp/PORT/p2p/PEER_ID, or "
+        "/dnsaddr/NAME: the TXT records of _dnsaddr.NAME, as IPFS resolves them.",
+    )
+    nameservers: list[str] = Field(
+        default_factory=list,
+        description="DNS servers (IP or IP:PORT) that resolve bootstrap names; empty: the "
+        "system's (/etc/resolv.conf).",
     )
     mdns: bool = Field(True, description="Find peers on the local network with mDNS.")
     dht: bool = Field(
         True, description="Kademlia DHT: announce this node and find the swarm's other nodes."
+    )
+    reachability: Literal["auto", "public", "private"] = Field(
+        "auto",
+        description="Whether peers elsewhere can dial this node. auto: public with "
+        "announce addresses or an address outside the LAN ranges, private behind NAT (DHT "
+        "client, announces nothing, shows no LAN address to peers outside the LAN).",
     )
     publish: Literal["all", "signal", "none"] = Field(
         "all",
@@ -514,6 +540,13 @@ class NetSection(_Section):
         4096, ge=1, le=1_000_000, description="Received groups held between rounds."
     )
 
+    @field_validator("nameservers")
+    @classmethod
+    def _nameservers(cls, value: list[str]) -> list[str]:
+        for text in value:
+            parse_nameserver(text)
+        return value
+
     @model_validator(mode="after")
     def _addresses(self) -> NetSection:
         for field_name in ("listen", "announce", "bootstrap"):
@@ -521,9 +554,10 @@ class NetSection(_Section):
                 if not addr.startswith("/"):
                     raise ValueError(f"net.{field_name}: {addr!r} is not a multiaddr")
         for addr in self.bootstrap:
-            if "/p2p/" not in addr:
+            if "/p2p/" not in addr and not addr.startswith("/dnsaddr/"):
                 raise ValueError(
-                    f"net.bootstrap: {addr!r} lacks /p2p/PEER_ID (sapo-node identity prints it)"
+                    f"net.bootstrap: {addr!r} lacks /p2p/PEER_ID (sapo-node identity prints it; "
+                    "only /dnsaddr/NAME may go without)"
                 )
         if self.enabled and not self.listen:
             raise ValueError("net.listen is empty; give at least one address or disable net")
@@ -681,7 +715,8 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Config:
-    """Build the config from a TOML file, environment and CLI overrides, validated.
+    """Build the config from a TOML file, environment and CLI overrides, validated, with
+    the swarm file that they name (``net.swarm_file``) laid under them.
 
     Raises ConfigError with a one-line message naming the problem.
     """
@@ -697,6 +732,12 @@ def load_config(
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
     data = _deep_merge(data, overrides or {})
+    net = data.get("net")
+    swarm_file = net.get("swarm_file") if isinstance(net, Mapping) else None
+    if isinstance(swarm_file, str | Path):
+        from sapo_node import swarmfile  # it imports this module
+
+        data = swarmfile.under(swarmfile.load_swarm_file(Path(swarm_file)), data, swarm_file)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

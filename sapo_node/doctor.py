@@ -527,6 +527,20 @@ def check_identity_key(path: Path) -> Check:
     return _pass("identity key", f"{path} (mode {mode:03o}), peer ID {peer_id(key)}")
 
 
+def check_swarm_file(cfg: Config) -> Check:
+    """The node's tasks against its swarm file's: with others it runs, but it and the
+    swarm refuse each other's groups."""
+    from sapo_node.swarmfile import tasks_warning
+
+    differ = tasks_warning(cfg)
+    if differ:
+        return _warn("swarm file", differ, "drop your own [tasks] to follow the swarm's")
+    n = len(cfg.net.bootstrap)
+    return _pass(
+        "swarm file", f"{cfg.net.swarm_file}: swarm {cfg.net.swarm}, its tasks, {n} bootstrap"
+    )
+
+
 def check_lock(data_dir: Path) -> Check:
     """No other process holds the data directory's lock (a node running there)."""
     path = data_dir / "lock"
@@ -665,6 +679,8 @@ def run_checks(cfg: Config, *, no_train: bool = False) -> list[Check]:
             checks.append(check_disk(disk, free_disk(data_dir), data_dir))
         checks.append(check_checkpoint(data_dir, cfg.fingerprint(), cfg.train.enabled))
     checks.append(check_port(cfg.net.listen, cfg.net.enabled))
+    if cfg.net.enabled and cfg.net.swarm_file is not None:
+        checks.append(check_swarm_file(cfg))
     checks.append(check_status_port(cfg.status.listen, cfg.status.enabled))
     checks.append(check_identity_key(data_dir / "identity.key"))
     checks.append(check_lock(data_dir))

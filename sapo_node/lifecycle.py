@@ -1,7 +1,8 @@
 """The node's process from start to stop, once ``sapo-node start`` has its config.
 
-``run`` logs the resolved config, turns SIGINT and SIGTERM into a stop event (a second
-signal aborts without saving), then runs a relay or a node:
+``run`` logs the resolved config (and a warning when its tasks are not its swarm file's),
+turns SIGINT and SIGTERM into a stop event (a second signal aborts without saving), then
+runs a relay or a node:
 
 - a node: its ports checked (before the model loads, so a busy one is found at once),
   the status endpoint bound, the ``Node`` built, the libp2p transport started, then
@@ -29,6 +30,7 @@ import structlog
 
 from sapo_node import __version__
 from sapo_node.config import DEFAULT_STATUS_LISTEN, Config, ConfigError
+from sapo_node.swarmfile import tasks_warning
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +42,8 @@ class NodeFailed(RuntimeError):
 def run(cfg: Config, *, relay: bool = False) -> None:
     """Run a node of ``cfg`` (``relay``: a relay, no model) until it is stopped."""
     log.info("config", **json.loads(cfg.model_dump_json()))
+    if cfg.net.enabled and (differ := tasks_warning(cfg)):
+        log.warning(differ)
     stop = threading.Event()
     on_signals(stop)
     if relay:

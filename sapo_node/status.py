@@ -290,6 +290,25 @@ def metric_families(f: dict[str, Any]) -> list[Metric]:
             gauge("sapo_eval_greedy", "Held-out greedy accuracy.", e["greedy"])
     if (n := f.get("net")) is not None:
         gauge("sapo_peers", "Swarm peers on the topic now.", n["peers"])
+        if n.get("reachability"):
+            labelled(
+                "sapo_net_reachability",
+                "1 for this node's reachability: public, private or local (loopback only).",
+                "state",
+                {k: float(k == n["reachability"]) for k in ("public", "private", "local")},
+            )
+        labelled(
+            "sapo_net_connections",
+            "Connections to peers now, direct or through a circuit relay.",
+            "kind",
+            {"direct": n["connections_direct"], "relayed": n["connections_relayed"]},
+        )
+        gauge("sapo_dht_routing_table", "Peers in the DHT routing table.", n["routing_table"])
+        gauge(
+            "sapo_dht_lan_addresses",
+            "LAN addresses the DHT would hand out (routing table, provider records).",
+            n["dht_lan_addrs"],
+        )
         for key, name, doc in (
             ("published", "sapo_net_published", "Groups handed to the network."),
             ("publish_dropped", "sapo_net_unsent", "Groups not shared: the queue was full."),

@@ -59,6 +59,11 @@ class NetStats:
     bytes_in: int = 0
     bytes_out: int = 0
     restarts: int = 0
+    reachability: str = ""  # public, private or local (net/reach.py); "" without a network
+    connections_direct: int = 0
+    connections_relayed: int = 0  # through a circuit relay
+    routing_table: int = 0  # peers in the DHT routing table
+    dht_lan_addrs: int = 0  # LAN addresses the DHT would hand out (0 on a public node)
 
 
 class Transport(Protocol):

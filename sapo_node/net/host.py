@@ -33,6 +33,7 @@ import base64
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -50,9 +51,12 @@ import structlog
 import trio
 from libp2p import new_host
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.identity.identify import identify as identify_module
+from libp2p.identity.identify_push import identify_push as identify_push_module
+from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL_ID
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
@@ -64,7 +68,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo_node import peerstate, wire
 from sapo_node.logs import configure_logging
-from sapo_node.net import NetError, count_refusal, identity, ipc
+from sapo_node.net import NetError, count_refusal, dnsaddr, identity, ipc, reach
 from sapo_node.net.ports import check_ports_free
 from sapo_node.pool import RateLimiter
 
@@ -83,6 +87,10 @@ MAX_PENALISED = 10_000  # peers whose score penalties are remembered beyond thei
 MAX_BACKOFF = 10_000  # peers whose redial delay is remembered
 SCORE_DECAY = 0.999  # per 1 s heartbeat, of invalid messages and behaviour penalties
 DIAL_TIMEOUT_S = 5.0
+DIAL_CONCURRENCY = 8  # dials at once in a discovery pass
+DIAL_PASS_S = 2 * DIAL_TIMEOUT_S  # the most a pass spends dialling (peers that fail back off)
+RESOLVE_EVERY_S = 600.0  # bootstrap names (/dnsaddr/, /dns4/) are looked up again this often
+ALONE_NOTICE_S = 60.0  # a node still without a peer this long after start says so, once
 # Message ids of valid messages are remembered this long (refreshed on each sighting):
 # memory is bounded by the authors' rate limit times this. Content duplicates are the
 # pool's job, for its max_age_s.
@@ -387,6 +395,92 @@ class SwarmPubsub(Pubsub):
                     self.router.scorer.on_invalid_message(msg_forwarder, topic)
 
 
+# --- reachability (issue 30) ------------------------------------------------------------
+#
+# trap 16: identify gives every peer all of a host's addresses, and a signed peer record
+# of them, whoever the peer is; with no address at all it falls back to the listen ones.
+# A private node's LAN addresses so reached public nodes, which handed them on (DHT
+# closer-peer answers, provider records, peer exchange). Here identify shows a peer
+# outside this node's LAN only the addresses reach.shown allows, and no signed record
+# when it left any out. One network per process: REACHABILITY is this process's.
+
+REACHABILITY: list[reach.Reachability] = ["public"]
+_library_identify = identify_module._mk_identify_protobuf
+
+
+def _identify_for(host: Any, observed: multiaddr.Multiaddr | None) -> Any:
+    """The library's identify message, with the addresses this peer may see."""
+    message = _library_identify(host, observed)
+    addrs = [str(multiaddr.Multiaddr(a)) for a in message.listen_addrs]
+    keep = reach.shown(REACHABILITY[0], addrs, reach.ip_of(str(observed)) if observed else None)
+    if len(keep) < len(addrs):
+        del message.listen_addrs[:]
+        message.listen_addrs.extend(multiaddr.Multiaddr(a).to_bytes() for a in keep)
+        message.ClearField("signedPeerRecord")
+    return message
+
+
+identify_module._mk_identify_protobuf = _identify_for
+identify_push_module._mk_identify_protobuf = _identify_for
+
+
+class SwarmDHT(KadDHT):
+    """trap 17: py-libp2p's DHT puts a peer in its routing table when it opens a DHT
+    stream ("so it MUST be a server": a client asks questions too) or before identify
+    said what it speaks, and peers it merely heard of from others. A routing table that
+    holds clients hands their addresses to everyone as the closest peers. Here a peer is
+    taken only once identify says it serves the DHT, and, by a public node, only with
+    an address outside the LAN ranges."""
+
+    def __init__(self, host: Any, mode: DHTMode, *, public: bool) -> None:
+        super().__init__(host, mode)
+        self.public = public
+        table = self.routing_table
+        library_add = table.add_peer
+
+        async def add_peer(peer: Any, *, skip_server_mode_check: bool = False) -> bool:
+            peer_id = peer.peer_id if isinstance(peer, PeerInfo) else peer
+            if not self.admits(peer_id):
+                return False
+            return await library_add(peer, skip_server_mode_check=True)
+
+        table.add_peer = add_peer
+        # A provider record is handed to whoever asks: a public node keeps only the
+        # addresses that lead somewhere (an old or hostile node may still send LAN ones).
+        store = self.provider_store
+        library_provide = store.add_provider
+
+        def add_provider(key: bytes, provider: PeerInfo) -> None:
+            addrs = provider.addrs
+            if self.public:
+                addrs = [a for a in addrs if not reach.is_lan_addr(str(a))]
+            if addrs:
+                library_provide(key, PeerInfo(provider.peer_id, addrs))
+
+        store.add_provider = add_provider
+
+    def lan_addrs_held(self) -> int:
+        """LAN addresses this DHT would hand out: its routing table's peers' and those in
+        its provider records (0 on a public node, whatever its peers are)."""
+        store = self.host.get_peerstore()
+        addrs = [str(a) for p in self.routing_table.get_peer_ids() for a in store.addrs(p)]
+        for records in self.provider_store.providers.values():
+            addrs += [str(a) for r in records.values() for a in r.addresses]
+        return sum(map(reach.is_lan_addr, addrs))
+
+    def admits(self, peer: ID) -> bool:
+        store = self.host.get_peerstore()
+        try:
+            if str(KAD_PROTOCOL_ID) not in (store.get_protocols(peer) or ()):
+                return False
+            addrs = [str(a) for a in store.addrs(peer)]
+        except Exception:  # not in the peerstore (yet)
+            return False
+        if not self.public:
+            return bool(addrs)
+        return any(reach.ip_of(a) is not None and not reach.is_lan_addr(a) for a in addrs)
+
+
 def score_params() -> ScoreParams:
     """Invalid messages cost 10 each (decaying by half in about 11 minutes); at -30 a
     peer's messages are no longer accepted from it, at -50 it is graylisted and banned.
@@ -505,8 +599,21 @@ class Network:
         # Peers refuse an author above this rate (their pool's limit, presumed equal to
         # ours): publishing faster only loses groups, so this node waits instead.
         self.own_rate = RateLimiter(settings["rate_per_author"], settings["burst_per_author"])
-        self.dht = KadDHT(self.host, DHTMode.SERVER) if settings["dht"] else None
-        self.bootstrap = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in settings["bootstrap"]]
+        shown = [str(a) for a in announce] or [str(a) for a in interface_addresses(self.listen)]
+        self.reachability = reach.decide(settings.get("reachability", "auto"), announce, shown)
+        REACHABILITY[0] = self.reachability
+        self.dht = None
+        if settings["dht"]:
+            # A private node asks the DHT but serves it not: public peers could not dial it
+            mode = DHTMode.CLIENT if self.reachability == "private" else DHTMode.SERVER
+            self.dht = SwarmDHT(self.host, mode, public=self.reachability == "public")
+        self.bootstrap: list[PeerInfo] = []
+        self.resolved_at = -RESOLVE_EVERY_S
+        self.alone_since: float | None = None  # set at the first discovery pass
+        self.pass_s = 0.0  # how long the last discovery pass took
+        # A pass dials this many peers at once, for at most this long (None: no bound).
+        self.dial_concurrency = int(settings.get("dial_concurrency", DIAL_CONCURRENCY))
+        self.dial_pass_s: float | None = settings.get("dial_pass_s", DIAL_PASS_S)
         self.me = self.host.get_id()
         # Bans end at a wall-clock time, nearest end first; those of earlier network
         # processes and node runs come back in the settings (peerstate.py).
@@ -617,7 +724,15 @@ class Network:
                     peer_id=self.me.pretty(),
                     addrs=[str(a) for a in self.host.get_addrs()],
                     topic=self.topic,
+                    reachability=self.reachability,
                 )
+                if self.reachability == "private":
+                    log.info(
+                        "this node is private: it has only LAN addresses, so peers elsewhere "
+                        "cannot dial it; it dials out, asks the DHT as a client and shows "
+                        "peers outside its LAN no LAN address. With a forwarded port, pass "
+                        "--announce /ip4/<public IP>/tcp/<port> to be public."
+                    )
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._deliver, subscription)
                     nursery.start_soon(self._report)
@@ -710,8 +825,30 @@ class Network:
             # where state is held for peers neither connected nor in pubsub: a leak
             "stale_state": {p.pretty(): v for p, v in self.pubsub.stale_state(live).items()},
             "backoff": len(self.backoff),
+            "reachability": self.reachability,
+            "discovery_pass_s": round(self.pass_s, 3),
+            "routing_table": self.dht.get_routing_table_size() if self.dht is not None else 0,
+            "dht_lan_addrs": self._dht_lan_addrs(),
+            **self._connection_kinds(),
             **self._penalties_news(),
         }
+
+    def _dht_lan_addrs(self) -> int:
+        if self.dht is None:
+            return 0
+        with contextlib.suppress(Exception):
+            return self.dht.lan_addrs_held()
+        return 0
+
+    def _connection_kinds(self) -> dict[str, int]:
+        """Connections to peers, direct or through a relay (a /p2p-circuit address)."""
+        kinds = {"direct": 0, "relayed": 0}
+        for conns in list(self.host.get_network().connections.values()):
+            for conn in conns if isinstance(conns, list) else [conns]:
+                with contextlib.suppress(Exception):
+                    addrs = [str(a) for a in conn.get_transport_addresses() or ()]
+                    kinds["relayed" if any("/p2p-circuit" in a for a in addrs) else "direct"] += 1
+        return {"connections_direct": kinds["direct"], "connections_relayed": kinds["relayed"]}
 
     def _penalties_news(self) -> dict[str, Any]:
         """The remembered penalties, when they changed since the last report."""
@@ -759,27 +896,36 @@ class Network:
         self.pubsub.remove_from_blacklist(peer)
 
     async def _discover(self) -> None:
-        """trap 10 / 15: re-dial bootstrap peers, announce the swarm in the DHT and dial
-        its other members, and dial peers mDNS put in the peerstore."""
+        """trap 10 / 15: re-dial bootstrap peers, announce the swarm in the DHT (a public
+        node) and dial its other members, and dial peers mDNS put in the peerstore. A
+        pass spends at most DIAL_PASS_S dialling, DIAL_CONCURRENCY peers at once."""
         key = dht_key(self.topic)
         last_provide, provided_to = -PROVIDE_EVERY_S, set()
+        self.alone_since = trio.current_time()
         while True:
+            began = trio.current_time()
+            await self._resolve_bootstrap()
             connected = set(self.host.get_connected_peers())
+            self._notice_alone(connected)
             for info in self.bootstrap:
-                if info.peer_id not in connected and info.peer_id != self.me:
-                    self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
-                    await self._dial(info.peer_id, force=True)
+                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+            boot = {i.peer_id for i in self.bootstrap} - connected - {self.me}
+            await self._dial_all(list(boot), force=True)
             await self._drop_stale(connected)
-            if self.dht is not None:
+            # With nobody connected there is nobody to ask (the DHT would spend its whole
+            # bound dialling the peerstore, which the dial loop below does anyway).
+            if self.dht is not None and self.host.get_connected_peers():
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
                     for peer in self.host.get_connected_peers():
                         with contextlib.suppress(Exception):
                             await self.dht.add_peer(peer)
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
                     # Announce again each minute, and as soon as new peers connect: an
-                    # announcement made while alone reached nobody.
+                    # announcement made while alone reached nobody. A private node
+                    # announces nothing: its addresses would lead peers nowhere.
                     due = trio.current_time() - last_provide >= PROVIDE_EVERY_S
-                    if connected and (due or not connected <= provided_to):
+                    fresh = due or not connected <= provided_to
+                    if connected and fresh and self.reachability != "private":
                         with contextlib.suppress(Exception):
                             if await self.dht.provide(key):
                                 last_provide, provided_to = trio.current_time(), connected
@@ -787,8 +933,58 @@ class Network:
                         for info in await self.dht.find_providers(key, 50):
                             if info.peer_id != self.me and info.addrs:
                                 self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
-            await self._dial_known()
+            await self._dial_known(skip=boot)
+            self.pass_s = trio.current_time() - began
             await trio.sleep(self.s["redial_s"])
+
+    async def _resolve_bootstrap(self) -> None:
+        """Bootstrap addresses as dialable peers: /dnsaddr/ and /dns*/ names looked up
+        (net/dnsaddr.py) at start and every RESOLVE_EVERY_S, so that a swarm's organiser
+        can move its bootstrap nodes without a release. A failed lookup keeps the last
+        answer."""
+        if trio.current_time() - self.resolved_at < RESOLVE_EVERY_S or not self.s["bootstrap"]:
+            return
+        self.resolved_at = trio.current_time()
+        addrs = list(self.s["bootstrap"])
+        if any(not a.startswith(("/ip4/", "/ip6/")) for a in addrs):  # names to look up
+            addrs = await trio.to_thread.run_sync(
+                dnsaddr.resolve, addrs, list(self.s.get("nameservers") or [])
+            )
+        infos: dict[ID, PeerInfo] = {}
+        for text in addrs:
+            try:
+                info = info_from_p2p_addr(multiaddr.Multiaddr(text))
+            except Exception as exc:
+                log.warning("bootstrap address skipped", addr=text, error=str(exc)[:200])
+                continue
+            if info.peer_id in infos:
+                infos[info.peer_id].addrs.extend(info.addrs)
+            else:
+                infos[info.peer_id] = info
+        if infos or not self.bootstrap:
+            self.bootstrap = list(infos.values())
+
+    def _notice_alone(self, connected: set[ID]) -> None:
+        """Say once, in one line with what to do, that no peer was found."""
+        if connected or self.alone_since is None:
+            self.alone_since = None
+            return
+        if trio.current_time() - self.alone_since < self.s.get("alone_notice_s", ALONE_NOTICE_S):
+            return
+        self.alone_since = None
+        if not self.s["bootstrap"]:
+            log.warning(
+                "no peer found: no bootstrap address is set and nobody answered on this "
+                "LAN (mDNS); training alone until a peer appears. To join a swarm, pass "
+                "--swarm-file FILE from its organiser, or --bootstrap /ip4/A.B.C.D/tcp/PORT/p2p/ID"
+            )
+        else:
+            log.warning(
+                "no peer found: none of the bootstrap peers answered; training alone and "
+                "trying again. Check the addresses and that this machine may dial out",
+                bootstrap=list(self.s["bootstrap"]),
+                resolved=[str(a) for i in self.bootstrap for a in i.addrs],
+            )
 
     async def _drop_stale(self, connected: set[ID]) -> None:
         """A connection whose pubsub stream never came up (a handshake lost under load)
@@ -807,17 +1003,42 @@ class Network:
                 with trio.move_on_after(DIAL_TIMEOUT_S), contextlib.suppress(Exception):
                     await self.host.disconnect(peer)
 
-    async def _dial_known(self) -> None:
+    async def _dial_known(self, *, skip: set[ID]) -> None:
+        """Dial the peers in the peerstore that are not connected, banned, backing off
+        or in ``skip`` (dialled already in this pass)."""
         store = self.host.get_peerstore()
         connected = set(self.host.get_connected_peers())
         known = store.peers_with_addrs()
         prune_backoff(self.backoff, time.monotonic(), set(known) - set(self.banned), MAX_BACKOFF)
-        for peer in known:
-            if len(connected) >= self.s["max_peers"]:
-                return
-            fresh = peer != self.me and peer not in connected and peer not in self.banned
-            if fresh and await self._dial(peer):
-                connected.add(peer)
+        room = self.s["max_peers"] - len(connected)
+        now = time.monotonic()
+        fresh = [
+            p
+            for p in known
+            if p != self.me
+            and p not in connected
+            and p not in self.banned
+            and p not in skip
+            and self.backoff.get(p, (0.0, 0.0))[0] <= now
+        ]
+        await self._dial_all(fresh[: max(room, 0)])
+
+    async def _dial_all(self, peers: list[ID], *, force: bool = False) -> None:
+        """Dial ``peers``, DIAL_CONCURRENCY at once, for at most DIAL_PASS_S in all:
+        addresses that lead nowhere (a NAT'd peer's LAN address, a node that left) cost
+        a pass at most that long, however many there are, and their peers back off."""
+        if not peers:
+            return
+        slots = trio.CapacityLimiter(self.dial_concurrency)
+
+        async def one(peer: ID) -> None:
+            async with slots:
+                await self._dial(peer, force=force)
+
+        with trio.move_on_after(self.dial_pass_s if self.dial_pass_s is not None else math.inf):
+            async with trio.open_nursery() as nursery:
+                for peer in peers:
+                    nursery.start_soon(one, peer)
 
     async def _dial(self, peer: ID, *, force: bool = False) -> bool:
         now = time.monotonic()

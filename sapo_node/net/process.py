@@ -48,6 +48,7 @@ from sapo_node.net import Inbox, NetError, NetStats, Received, count_refusal, id
 log = structlog.get_logger("sapo_node.net")
 
 _COUNTED = ("received", "rejected", "bytes_in", "bytes_out")
+_CURRENT = ("connections_direct", "connections_relayed", "routing_table", "dht_lan_addrs")
 MAX_BANNED = 10_000  # as the network process's own bound (host.py)
 
 
@@ -75,6 +76,8 @@ class Libp2pTransport:
             "bootstrap": list(net.bootstrap),
             "mdns": net.mdns,
             "dht": net.dht,
+            "reachability": net.reachability,
+            "nameservers": list(net.nameservers),
             "redial_s": net.redial_s,
             "max_peers": net.max_peers,
             "mesh_degree": net.mesh_degree,
@@ -161,6 +164,14 @@ class Libp2pTransport:
             for name in _COUNTED:
                 setattr(s, name, self._base[name] + int(self.child_stats.get(name, 0)))
             s.peers = self.peers()
+            s.reachability = str(self.child_stats.get("reachability", ""))
+            for name in (
+                "connections_direct",
+                "connections_relayed",
+                "routing_table",
+                "dht_lan_addrs",
+            ):
+                setattr(s, name, int(self.child_stats.get(name, 0)))
             s.inbox_dropped = self._inbox.dropped
             return NetStats(**vars(s))
 

@@ -55,6 +55,7 @@ def test_help_explains_every_start_option(capsys) -> None:
         "--device",
         "--lora",
         "--seed",
+        "--swarm-file",
     ):
         assert opt in out
 

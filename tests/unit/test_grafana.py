@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from sapo_node.net import NetStats
 from sapo_node.status import metric_families
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -23,10 +24,7 @@ def _exported() -> set[str]:
         "external_groups": 2, "groups_trained": 3, "t_generate": 1.0, "t_score": 1.0,
         "t_train": 1.0, "t_round": 3.0, "external_age_s": 4.0,
     }  # fmt: skip
-    net = dict.fromkeys(
-        ("peers", "published", "publish_dropped", "received", "rejected", "inbox_dropped",
-         "bytes_in", "bytes_out", "restarts", "silent_s"), 1,
-    )  # fmt: skip
+    net = {**dict.fromkeys(vars(NetStats()), 1), "reachability": "private", "silent_s": 1}
     facts = {
         "version": "0", "role": "node", "peer_id": "p", "model": "m", "healthy": True,
         "uptime_s": 1.0, "rss_mb": 1.0, "round": 3, "since_progress_s": 1.0,

@@ -1,0 +1,131 @@
+"""Whether peers elsewhere can dial this node, and which addresses each peer may see.
+
+A node behind a home router knows only its LAN addresses. Given to the DHT and to
+identify, they reached every public node, which handed them on to everyone: each peer
+then spent its dial loop on 192.168.x addresses that lead nowhere (issue 30). So a node
+decides its reachability once, at start (:func:`decide`):
+
+- ``public``: peers anywhere can dial it: it was given addresses to announce (a
+  forwarded port, a VPS), or an interface has an address outside the LAN ranges below.
+  Its DHT is a server and it announces the swarm.
+- ``private``: behind NAT (every address is a LAN address). Its DHT is a client, it
+  announces nothing, and peers outside its LAN never see its LAN addresses
+  (:func:`shown`). It dials out and takes part; mDNS still finds it on its LAN.
+- ``local``: it listens on loopback only. Everyone who can reach it is on this machine
+  and can dial it, so it serves the DHT as a public node does.
+
+"LAN" here is the ranges no router forwards: RFC 1918, carrier-grade NAT (100.64/10),
+link-local, loopback and their IPv6 kin. Every other address counts as reachable
+(the network-namespace tests use 198.18.0.0/15 as their internet).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from typing import Literal
+
+Reachability = Literal["public", "private", "local"]
+
+_LAN = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "169.254.0.0/16",
+        "127.0.0.0/8",
+        "0.0.0.0/8",
+        "fc00::/7",
+        "fe80::/10",
+        "::1/128",
+        "::/128",
+    )
+)
+
+
+def ip_of(addr: str) -> str | None:
+    """The IP of an ``/ip4/...`` or ``/ip6/...`` multiaddr, else None.
+
+    >>> ip_of("/ip4/192.168.1.20/tcp/4141/p2p/12D3KooW"), ip_of("/dnsaddr/example.org")
+    ('192.168.1.20', None)
+    """
+    parts = str(addr).split("/")
+    if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+        return parts[2]
+    return None
+
+
+def is_lan(ip: str) -> bool:
+    """Whether ``ip`` is an address no router forwards (or not an IP at all).
+
+    >>> [is_lan(x) for x in ("192.168.1.2", "100.64.0.9", "127.0.0.1", "198.18.0.1", "8.8.8.8")]
+    [True, True, True, False, False]
+    """
+    try:
+        ip_obj = ipaddress.ip_address(ip)
+    except ValueError:
+        return True
+    return any(ip_obj in net for net in _LAN if net.version == ip_obj.version)
+
+
+def is_lan_addr(addr: str) -> bool:
+    """Whether a multiaddr is an IP address in the LAN ranges (a name is not).
+
+    >>> is_lan_addr("/ip4/10.1.0.2/tcp/4141"), is_lan_addr("/dns4/boot.example.org/tcp/4141")
+    (True, False)
+    """
+    ip = ip_of(addr)
+    return ip is not None and is_lan(ip)
+
+
+def is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+def decide(setting: str, announce: Iterable[str], addrs: Iterable[str]) -> Reachability:
+    """This node's reachability: ``setting`` (net.reachability) unless it is ``auto``;
+    then public with addresses to announce or one outside the LAN ranges, local when
+    every address is loopback, private otherwise. ``addrs`` are the addresses the node
+    would give peers (wildcards already replaced by the interfaces' addresses).
+
+    >>> decide("auto", [], ["/ip4/192.168.1.20/tcp/4141"])
+    'private'
+    >>> decide("auto", ["/ip4/203.0.113.7/tcp/4141"], ["/ip4/192.168.1.20/tcp/4141"])
+    'public'
+    >>> decide("auto", [], ["/ip4/127.0.0.1/tcp/4141"])
+    'local'
+    >>> decide("auto", [], ["/ip4/198.18.0.2/tcp/4141"])
+    'public'
+    >>> decide("private", ["/ip4/203.0.113.7/tcp/4141"], [])
+    'private'
+    """
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    if list(announce):
+        return "public"
+    ips = [ip for ip in map(ip_of, addrs) if ip is not None]
+    if any(not is_lan(ip) for ip in ips):
+        return "public"
+    if ips and all(is_loopback(ip) for ip in ips):
+        return "local"
+    return "private"
+
+
+def shown(reachability: Reachability, addrs: list[str], peer_ip: str | None) -> list[str]:
+    """The addresses this node shows a peer whose connection comes from ``peer_ip``:
+    all of them to a peer on its LAN (or on this machine), none of its LAN addresses to
+    a peer elsewhere when it is private (they would lead that peer, and everyone it
+    tells, nowhere). A peer whose address is unknown counts as elsewhere.
+
+    >>> lan = ["/ip4/192.168.1.20/tcp/4141", "/ip4/127.0.0.1/tcp/4141"]
+    >>> shown("private", lan, "198.18.0.1"), shown("private", lan, "192.168.1.9") == lan
+    ([], True)
+    """
+    if reachability != "private" or (peer_ip is not None and is_lan(peer_ip)):
+        return list(addrs)
+    return [a for a in addrs if not is_lan_addr(a)]

@@ -1,0 +1,168 @@
+"""The swarm file: what a swarm's organiser publishes so that a node outside any LAN of
+the swarm can join it with one option (protocol/SPEC.md, "The swarm file";
+configs/swarms/example.toml).
+
+A small TOML file: ``[swarm]`` its name, the wire protocol's major version and bootstrap
+addresses; ``[tasks]`` the task set its receivers accept (the node config's ``[tasks]``);
+``[recommended]`` a model and config, any sections of the node config. ``load_config``
+lays it under the user's own config (``net.swarm_file``, ``--swarm-file``):
+
+    defaults < recommended < tasks, name, bootstrap < config file < environment < flags
+
+with two exceptions that a user expects: bootstrap lists are joined (the file's first,
+then the user's), not replaced; and a user naming another swarm is an error, not an
+override, since a node on another topic would follow nothing of the file. A user's own
+``[tasks]`` wins too, but peers that follow the file then refuse its groups:
+``tasks_warning`` says so once, at start.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sapo_node.config import (
+    SWARM_NAME,
+    Config,
+    ConfigError,
+    TasksSection,
+    _deep_merge,
+    _describe,
+)
+from sapo_node.net.dnsaddr import parse
+from sapo_node.wire import PROTOCOL_VERSION
+
+# What [swarm] and [tasks] say, which [recommended] may not say again, differently.
+_NOT_RECOMMENDED = {
+    ("tasks",): "the swarm's task set is [tasks], at the top",
+    ("net", "swarm"): "[swarm] name gives it",
+    ("net", "bootstrap"): "[swarm] bootstrap gives it",
+    ("net", "swarm_file"): "a swarm file names no other",
+}
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SwarmSection(_Table):
+    """Which swarm, on which protocol, and where to join it."""
+
+    name: str = Field(pattern=SWARM_NAME, description="The swarm's name (net.swarm).")
+    protocol: int = Field(
+        strict=True,
+        description="Major version of the wire protocol: the v<N> of the topic "
+        "sapo/<name>/rollouts/v<N>.",
+    )
+    bootstrap: list[str] = Field(
+        min_length=1,
+        max_length=64,
+        description="Peers to join through: /ip4|ip6/ADDR/tcp/PORT/p2p/ID, "
+        "/dns4|dns6|dns/NAME/tcp/PORT/p2p/ID, or /dnsaddr/NAME[/p2p/ID].",
+    )
+    description: str = Field("", max_length=2000, description="What the swarm trains, for people.")
+    homepage: str = Field("", max_length=2000, description="Where the swarm's organiser says more.")
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap(cls, value: list[str]) -> list[str]:
+        for addr in value:
+            parse(addr)
+        return value
+
+
+class SwarmFile(_Table):
+    """A swarm file, validated."""
+
+    swarm: SwarmSection
+    tasks: TasksSection
+    recommended: Config = Field(
+        default_factory=Config,
+        description="A recommended model and config: any sections of the node config but "
+        "[tasks], net.swarm, net.bootstrap and net.swarm_file (which the file gives).",
+    )
+
+
+def load_swarm_file(path: Path) -> SwarmFile:
+    """The swarm file at ``path`` (relative: to the working directory), validated; a
+    file for another protocol version is refused before its fields are read, since
+    they may be ones this version does not know."""
+    path = Path(path).expanduser()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"swarm file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read swarm file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"swarm file {path} is not valid TOML: {exc}") from None
+    swarm = data.get("swarm")
+    version = swarm.get("protocol") if isinstance(swarm, dict) else None
+    if type(version) is int and version != PROTOCOL_VERSION:
+        todo = (
+            "upgrade sapo-node"
+            if version > PROTOCOL_VERSION
+            else "the swarm runs an older protocol: use the sapo-node release that speaks it"
+        )
+        raise ConfigError(
+            f"swarm file {path}: swarm.protocol is {version}, this sapo-node speaks "
+            f"{PROTOCOL_VERSION}: {todo}"
+        )
+    for where, why in _NOT_RECOMMENDED.items():
+        if _has(data.get("recommended"), where):
+            raise ConfigError(f"swarm file {path}: recommended.{'.'.join(where)}: {why}")
+    if isinstance(data.get("tasks"), dict) and "families" not in data["tasks"]:
+        raise ConfigError(f"swarm file {path}: tasks.families: required (the swarm's task set)")
+    try:
+        return SwarmFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"swarm file {path}: {_describe(exc)}") from None
+
+
+def _has(table: Any, where: tuple[str, ...]) -> bool:
+    for key in where:
+        if not isinstance(table, dict) or key not in table:
+            return False
+        table = table[key]
+    return True
+
+
+def under(swarm: SwarmFile, user: dict[str, Any], source: Path | str) -> dict[str, Any]:
+    """Config data: ``swarm`` (from file ``source``) laid under ``user``'s (file,
+    environment and flags merged), bootstrap lists joined."""
+    net = user.get("net") if isinstance(user.get("net"), dict) else {}
+    name = net.get("swarm")
+    if name is not None and name != swarm.swarm.name:
+        raise ConfigError(
+            f"net.swarm is {name!r} but swarm file {source} is for {swarm.swarm.name!r}: "
+            "drop one of them"
+        )
+    base = _deep_merge(
+        swarm.recommended.model_dump(exclude_unset=True),
+        {
+            "tasks": swarm.tasks.model_dump(),
+            "net": {"swarm": swarm.swarm.name, "bootstrap": swarm.swarm.bootstrap},
+        },
+    )
+    out = _deep_merge(base, user)
+    theirs = net.get("bootstrap")
+    if isinstance(theirs, list):  # else left to the config's validation
+        out["net"]["bootstrap"] = list(dict.fromkeys([*swarm.swarm.bootstrap, *theirs]))
+    return out
+
+
+def tasks_warning(cfg: Config) -> str | None:
+    """The line ``start`` logs when ``cfg`` follows a swarm file but its own [tasks]
+    are not the file's: the node runs, but it and the swarm refuse each other's groups."""
+    if cfg.net.swarm_file is None:
+        return None
+    if cfg.tasks == load_swarm_file(cfg.net.swarm_file).tasks:
+        return None
+    return (
+        f"your [tasks] differ from the swarm file's ({cfg.net.swarm_file}): peers following "
+        "it will refuse your groups, and you theirs (sapo-node tasks prints what a config "
+        "accepts)"
+    )

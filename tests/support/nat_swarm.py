@@ -1,0 +1,291 @@
+"""A public swarm through real NAT, on one machine. ``tests/integration/test_nat.py`` runs
+
+    unshare -rn python -m tests.support.nat_swarm
+
+inside a user and network namespace of its own, which plays the internet ("wan",
+198.18.0.0/15, the range reserved for such tests). It makes, and removes with itself:
+
+    wan       pub1 198.18.0.1, pub2 198.18.0.2 (two public nodes, addresses on lo)
+      |-- r1 (198.18.1.2) nftables masquerade, ports kept (a home router)
+      |     home1: h1 10.1.0.2 (listening on 0.0.0.0, as by default)
+      |            h3 10.1.0.3:4142, the router forwarding 198.18.1.2:4142 to it,
+      |               started with --announce /ip4/198.18.1.2/tcp/4142
+      |-- r2 (198.18.2.2) nftables masquerade fully-random (a symmetric NAT)
+            home2: h2 10.2.0.2 (listening on 0.0.0.0)
+
+Each member is a real network process (``Libp2pTransport``, the node's own) started in
+its namespace. It checks, in order: every member's reachability; the two home nodes
+exchange messages (through the public nodes: nothing else connects them); the public
+nodes' DHTs hold no LAN address, and their routing tables only the public members; a
+peer on the wan dials h3 through its forwarded port; with pub1 gone, h1 and h2 still
+exchange through pub2. It prints one JSON line (each check, timings, ``error``) and
+exits 0 if every check passed, 1 if not, 3 if not in a fresh namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from sapo_node.config import NetSection, PoolSection
+from sapo_node.net.process import Libp2pTransport
+from tests.support.mdns_pair import CLONE_NEWNET, _check, _libc, lo_up, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+VALID = REPO / "protocol" / "vectors" / "valid"
+
+
+class Netns:
+    """Fresh network namespaces beside this thread's own; :meth:`inside` moves this
+    thread into one for a while (processes started meanwhile stay there)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        self.fds: dict[str, int] = {}
+        for name in names:
+            _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+            self.fds[name] = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+            _check(_libc.setns(self.home, CLONE_NEWNET), "setns")
+
+    def path(self, name: str) -> str:
+        return f"/proc/{os.getpid()}/fd/{self.fds[name]}"
+
+    @contextlib.contextmanager
+    def inside(self, name: str | None) -> Iterator[None]:
+        if name is None:
+            yield
+            return
+        _check(_libc.setns(self.fds[name], CLONE_NEWNET), "setns")
+        try:
+            yield
+        finally:
+            _check(_libc.setns(self.home, CLONE_NEWNET), "setns")
+
+    def run(self, name: str | None, *command: str, stdin: str | None = None) -> None:
+        with self.inside(name):
+            proc = subprocess.run(
+                command,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                pass_fds=tuple(self.fds.values()),
+            )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} in {name or 'wan'}: {proc.stderr.strip()}")
+
+    def link(self, a: str | None, a_if: str, a_ip: str, b: str, b_if: str, b_ip: str) -> None:
+        """A veth pair: ``a_if`` in ``a`` (None: this namespace), ``b_if`` in ``b``."""
+        with self.inside(a):
+            self.run(
+                None,
+                "ip",
+                "link",
+                "add",
+                a_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                b_if,
+                "netns",
+                self.path(b),
+            )
+        self.run(a, "ip", "addr", "add", a_ip, "dev", a_if)
+        self.run(a, "ip", "link", "set", a_if, "up")
+        self.run(b, "ip", "addr", "add", b_ip, "dev", b_if)
+        self.run(b, "ip", "link", "set", b_if, "up")
+
+
+def nat(ports_kept: bool, forward: tuple[int, str] | None) -> str:
+    """The router's nftables ruleset: masquerade out of ``wan0``; ``fully-random`` makes
+    it a symmetric NAT; ``forward`` = (port, LAN ip) forwards that TCP port."""
+    masquerade = "masquerade" if ports_kept else "masquerade fully-random"
+    pre = ""
+    if forward is not None:
+        port, ip = forward
+        pre = f'iifname "wan0" tcp dport {port} dnat to {ip}:{port}'
+    return f"""
+table ip nat {{
+  chain pre {{
+    type nat hook prerouting priority -100;
+    {pre}
+  }}
+  chain post {{
+    type nat hook postrouting priority 100;
+    oifname "wan0" {masquerade}
+  }}
+}}
+"""
+
+
+def build(ns: Netns) -> None:
+    lo_up()
+    for ip in ("198.18.0.1/32", "198.18.0.2/32"):
+        ns.run(None, "ip", "addr", "add", ip, "dev", "lo")
+    for i, ports_kept in ((1, True), (2, False)):
+        router, home = f"r{i}", f"home{i}"
+        for name in (router, home):
+            with ns.inside(name):
+                lo_up()
+        ns.link(None, f"r{i}w", f"198.18.{i}.1/24", router, "wan0", f"198.18.{i}.2/24")
+        ns.link(router, "lan0", f"10.{i}.0.1/24", home, "eth0", f"10.{i}.0.2/24")
+        ns.run(router, "ip", "route", "add", "default", "via", f"198.18.{i}.1")
+        ns.run(home, "ip", "route", "add", "default", "via", f"10.{i}.0.1")
+        ns.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        forward = (4142, "10.1.0.3") if i == 1 else None
+        ns.run(router, "nft", "-f", "-", stdin=nat(ports_kept, forward))
+    ns.run("home1", "ip", "addr", "add", "10.1.0.3/24", "dev", "eth0")
+    ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+
+
+def run(deliver_s: float) -> dict[str, object]:
+    result: dict[str, object] = {"ok": False, "checks": {}}
+    checks: dict[str, object] = result["checks"]  # type: ignore[assignment]
+    ns = Netns(["r1", "home1", "r2", "home2"])
+    build(ns)
+    vectors = sorted(VALID.glob("*.msgpack"))
+    members: dict[str, Libp2pTransport] = {}
+    pool = PoolSection()
+
+    def start(name: str, where: str | None, listen: str, boot: list[str], **net) -> None:
+        section = NetSection(swarm="nat-test", listen=[listen], bootstrap=boot, redial_s=1.0, **net)
+        with ns.inside(where):
+            members[name] = Libp2pTransport(section, pool, Path(tmp) / name)
+
+    def addr(name: str) -> str:
+        t = members[name]
+        return f"{t.addrs[0]}/p2p/{t.peer_id}" if "/p2p/" not in t.addrs[0] else t.addrs[0]
+
+    def stat(name: str, key: str) -> object:
+        return members[name].child_stats.get(key)
+
+    def exchange(a: str, b: str, k: int) -> bool:
+        """a and b each publish a message; True when each has the other's."""
+        sent = {
+            a: vectors[k % len(vectors)].read_bytes(),
+            b: vectors[(k + 1) % len(vectors)].read_bytes(),
+        }
+        got: dict[str, set[tuple[bytes, str]]] = {a: set(), b: set()}
+        members[a].publish(sent[a])
+        members[b].publish(sent[b])
+
+        def arrived() -> bool:
+            for n in (a, b):
+                got[n] |= {(m.data, m.author) for m in members[n].received()}
+            return all((sent[x], members[x].peer_id) in got[y] for x, y in ((a, b), (b, a)))
+
+        return wait_for(arrived, deliver_s)
+
+    with tempfile.TemporaryDirectory(prefix="nat-swarm-") as tmp:
+        try:
+            t0 = time.monotonic()
+            start("pub1", None, "/ip4/198.18.0.1/tcp/4001", [])
+            start("pub2", None, "/ip4/198.18.0.2/tcp/4001", [addr("pub1")])
+            boot = [addr("pub1"), addr("pub2")]
+            start("h1", "home1", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False)
+            start("h2", "home2", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False)
+            start(
+                "h3",
+                "home1",
+                "/ip4/10.1.0.3/tcp/4142",
+                boot,
+                mdns=False,
+                announce=["/ip4/198.18.1.2/tcp/4142"],
+            )
+            result["started_s"] = round(time.monotonic() - t0, 1)
+            wait_for(lambda: all(stat(n, "reachability") for n in members), 10)
+            checks["reachability"] = {n: stat(n, "reachability") for n in members}
+            want = {
+                "pub1": "public",
+                "pub2": "public",
+                "h1": "private",
+                "h2": "private",
+                "h3": "public",
+            }
+            if checks["reachability"] != want:
+                result["error"] = f"reachability {checks['reachability']}, expected {want}"
+                return result
+            if not wait_for(lambda: all((stat(n, "mesh") or 0) >= 1 for n in ("h1", "h2")), 60):
+                result["error"] = "home nodes found no mesh peer in 60 s"
+                return result
+            t = time.monotonic()
+            checks["home_exchange"] = exchange("h1", "h2", 0)
+            checks["home_exchange_s"] = round(time.monotonic() - t, 1)
+            # Discovery passes run every second; a few let any LAN address spread.
+            wait_for(lambda: (stat("pub1", "routing_table") or 0) >= 2, 30)
+            time.sleep(3)
+            checks["routing_table"] = {n: stat(n, "routing_table") for n in ("pub1", "pub2")}
+            checks["dht_lan_addrs"] = {n: stat(n, "dht_lan_addrs") for n in ("pub1", "pub2")}
+            start(
+                "dialer",
+                None,
+                "/ip4/198.18.0.1/tcp/4002",
+                [f"/ip4/198.18.1.2/tcp/4142/p2p/{members['h3'].peer_id}"],
+                dht=False,
+                mdns=False,  # its only way to a peer is h3's forwarded port
+            )
+            checks["forwarded_port_dialled"] = wait_for(
+                lambda: (stat("dialer", "connected") or 0) >= 1, 30
+            )
+            members.pop("dialer").close()
+            members.pop("pub1").close()
+            t = time.monotonic()
+            checks["exchange_without_pub1"] = exchange("h1", "h2", 2)
+            checks["exchange_without_pub1_s"] = round(time.monotonic() - t, 1)
+            failed = [
+                name
+                for name, ok in (
+                    ("home_exchange", checks["home_exchange"]),
+                    ("routing_table", checks["routing_table"] == {"pub1": 2, "pub2": 2}),
+                    ("dht_lan_addrs", checks["dht_lan_addrs"] == {"pub1": 0, "pub2": 0}),
+                    ("forwarded_port_dialled", checks["forwarded_port_dialled"]),
+                    ("exchange_without_pub1", checks["exchange_without_pub1"]),
+                )
+                if not ok
+            ]
+            if failed:
+                result["error"] = f"failed: {failed}"
+                return result
+            result["ok"] = True
+            return result
+        finally:
+            for t in members.values():
+                t.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deliver-s", type=float, default=30.0)
+    args = parser.parse_args()
+    names = sorted(name for _, name in socket.if_nameindex())
+    if names != ["lo"]:
+        print(
+            json.dumps(
+                {
+                    "ok": False,
+                    "error": f"interfaces {names}: not a fresh namespace (run under `unshare -rn`)",
+                }
+            ),
+            flush=True,
+        )
+        return 3
+    try:
+        result = run(args.deliver_s)
+    except Exception as exc:  # reported as a result line, for the test to show
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(result, default=str), flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

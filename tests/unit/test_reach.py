@@ -1,0 +1,46 @@
+"""Reachability and the addresses a peer may see (sapo_node/net/reach.py)."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from sapo_node.net import reach
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(reach).failed == 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "announce", "addrs", "expected"),
+    [
+        ("auto", [], ["/ip4/192.168.1.20/tcp/4141", "/ip4/172.17.0.2/tcp/4141"], "private"),
+        ("auto", [], ["/ip4/100.72.1.9/tcp/4141"], "private"),  # carrier-grade NAT
+        ("auto", [], [], "private"),  # no address at all: nobody can dial it
+        ("auto", [], ["/ip4/10.0.0.5/tcp/4141", "/ip4/203.0.113.7/tcp/4141"], "public"),
+        ("auto", ["/ip4/203.0.113.7/tcp/4141"], ["/ip4/10.0.0.5/tcp/4141"], "public"),
+        ("auto", [], ["/ip4/127.0.0.1/tcp/4141", "/ip6/::1/tcp/4141"], "local"),
+        ("auto", [], ["/ip4/127.0.0.1/tcp/4141", "/ip4/10.0.0.5/tcp/4141"], "private"),
+        ("public", [], ["/ip4/10.0.0.5/tcp/4141"], "public"),
+        ("private", [], ["/ip4/203.0.113.7/tcp/4141"], "private"),
+    ],
+)
+def test_decide(setting: str, announce: list[str], addrs: list[str], expected: str) -> None:
+    assert reach.decide(setting, announce, addrs) == expected
+
+
+def test_a_private_node_shows_outsiders_no_lan_address() -> None:
+    mine = [
+        "/ip4/192.168.1.20/tcp/4141",
+        "/ip6/fe80::1/tcp/4141",
+        "/ip4/198.51.100.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit",  # a relayed address
+    ]
+    outside = reach.shown("private", mine, "198.18.0.1")
+    assert outside == ["/ip4/198.51.100.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"]
+    assert reach.shown("private", mine, None) == outside  # unknown: treated as outside
+    assert reach.shown("private", mine, "192.168.1.9") == mine  # its LAN sees everything
+    assert reach.shown("private", mine, "127.0.0.1") == mine
+    assert reach.shown("public", mine, "198.18.0.1") == mine
+    assert reach.shown("local", mine, "198.18.0.1") == mine

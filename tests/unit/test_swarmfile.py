@@ -1,0 +1,224 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sapo_node.config import ConfigError, TasksSection, load_config
+from sapo_node.doctor import check_swarm_file
+from sapo_node.swarmfile import load_swarm_file, tasks_warning
+from sapo_node.wire import PROTOCOL_VERSION
+from tests.support.cli import run_cli
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "swarms" / "example.toml"
+PEER_A = "12D3KooW" + "A" * 44
+PEER_B = "12D3KooW" + "B" * 44
+ADDR_A = f"/ip4/127.0.0.1/tcp/4141/p2p/{PEER_A}"
+ADDR_B = f"/ip4/127.0.0.2/tcp/4141/p2p/{PEER_B}"
+ADDR_C = f"/ip4/127.0.0.3/tcp/4141/p2p/{PEER_B}"
+
+SWARM = f"""
+[swarm]
+name = "demo"
+protocol = {PROTOCOL_VERSION}
+bootstrap = ["/dnsaddr/boot.example.org", "{ADDR_A}"]
+
+[tasks]
+one_shot = false
+
+[[tasks.families]]
+name = "basic_arithmetic"
+levels = [{{ min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1 }}]
+
+[recommended.train]
+lr = 2e-5
+local_groups = 3
+
+[recommended.generation]
+max_new_tokens = 128
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def swarm_file(tmp_path: Path) -> Path:
+    return write(tmp_path / "demo.toml", SWARM)
+
+
+def config(swarm_file: Path, user: str = "", overrides: dict | None = None, environ=None):
+    """The config of a node given ``swarm_file`` by flag, with ``user`` as its file."""
+    path = write(swarm_file.parent / "user.toml", user)
+    flags = dict(overrides or {})
+    flags["net"] = {**flags.get("net", {}), "swarm_file": swarm_file}
+    return load_config(path, flags, environ={} if environ is None else environ)
+
+
+def test_the_example_loads_and_its_tasks_are_the_defaults() -> None:
+    swarm = load_swarm_file(EXAMPLE)
+    assert swarm.swarm.name == "example" and swarm.swarm.protocol == PROTOCOL_VERSION
+    assert swarm.tasks == TasksSection()  # a default node that joins it warns of nothing
+    cfg = load_config(overrides={"net": {"swarm_file": EXAMPLE}}, environ={})
+    assert cfg.net.swarm == "example" and cfg.net.bootstrap == swarm.swarm.bootstrap
+    assert tasks_warning(cfg) is None
+
+
+def test_no_swarm_file_changes_nothing() -> None:
+    cfg = load_config(environ={})
+    assert cfg.net.swarm_file is None and cfg.net.bootstrap == [] and cfg.net.swarm == "sapo-public"
+    assert tasks_warning(cfg) is None
+
+
+def test_the_swarm_file_lies_under_the_users_file_env_and_flags(swarm_file: Path) -> None:
+    cfg = config(swarm_file)
+    assert (cfg.train.lr, cfg.train.local_groups, cfg.generation.max_new_tokens) == (2e-5, 3, 128)
+    assert cfg.net.swarm == "demo" and cfg.tasks.one_shot is False
+    assert cfg.train.external_groups == 2  # a default: nothing recommended
+    cfg = config(swarm_file, "[train]\nlr = 3e-5\nlocal_groups = 4\n")
+    assert (cfg.train.lr, cfg.train.local_groups, cfg.generation.max_new_tokens) == (3e-5, 4, 128)
+    env = {"SAPO_TRAIN__LOCAL_GROUPS": "5"}
+    cfg = config(swarm_file, "[train]\nlocal_groups = 4\n", environ=env)
+    assert cfg.train.local_groups == 5
+    cfg = config(swarm_file, "[train]\nlocal_groups = 4\n", {"train": {"local_groups": 6}}, env)
+    assert cfg.train.local_groups == 6 and cfg.train.lr == 2e-5
+
+
+def test_bootstrap_lists_are_joined_the_swarms_first(swarm_file: Path) -> None:
+    cfg = config(swarm_file, f'[net]\nbootstrap = ["{ADDR_B}", "{ADDR_A}"]\n')
+    assert cfg.net.bootstrap == ["/dnsaddr/boot.example.org", ADDR_A, ADDR_B]
+    flag = {"net": {"bootstrap": [ADDR_C]}}
+    cfg = config(swarm_file, f'[net]\nbootstrap = ["{ADDR_B}"]\n', flag)
+    assert cfg.net.bootstrap == ["/dnsaddr/boot.example.org", ADDR_A, ADDR_C]  # flags replace
+
+
+def test_the_environment_names_a_swarm_file(swarm_file: Path) -> None:
+    cfg = load_config(environ={"SAPO_NET__SWARM_FILE": str(swarm_file)})
+    assert cfg.net.swarm == "demo" and cfg.net.swarm_file == swarm_file
+
+
+def test_a_relative_path_is_relative_to_the_working_directory(
+    swarm_file: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(swarm_file.parent)
+    assert (
+        load_config(overrides={"net": {"swarm_file": "demo.toml"}}, environ={}).net.swarm == "demo"
+    )
+
+
+def test_another_swarm_name_is_an_error_naming_both(swarm_file: Path) -> None:
+    assert config(swarm_file, '[net]\nswarm = "demo"\n').net.swarm == "demo"
+    with pytest.raises(ConfigError) as err:
+        config(swarm_file, overrides={"net": {"swarm": "other"}})
+    assert "'other'" in str(err.value) and "'demo'" in str(err.value)
+    assert str(swarm_file) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_own_tasks_win_but_are_reported(swarm_file: Path) -> None:
+    cfg = config(swarm_file)
+    assert tasks_warning(cfg) is None
+    assert check_swarm_file(cfg).status == "PASS"
+    cfg = config(swarm_file, "[tasks]\none_shot = true\n")
+    assert cfg.tasks.one_shot is True and cfg.tasks.families[0].levels[0]["max_terms"] == 2
+    line = tasks_warning(cfg)
+    assert line is not None and line.startswith("your [tasks] differ from the swarm file's")
+    assert check_swarm_file(cfg).status == "WARN"
+
+
+@pytest.mark.parametrize(
+    ("version", "needle"), [(PROTOCOL_VERSION + 1, "upgrade sapo-node"), (1, "older")]
+)
+def test_another_protocol_is_refused_before_anything_else(
+    tmp_path: Path, version: int, needle: str
+) -> None:
+    text = SWARM.replace(f"protocol = {PROTOCOL_VERSION}", f"protocol = {version}")
+    path = write(tmp_path / "v.toml", text + "[future]\nfield = 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_swarm_file(path)
+    msg = str(err.value)
+    assert f"swarm.protocol is {version}, this sapo-node speaks {PROTOCOL_VERSION}" in msg
+    assert needle in msg and str(path) in msg
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda t: t + "[bogus]\nx = 1\n", "bogus: Extra inputs"),
+        (lambda t: t.replace('name = "demo"', 'name = "demo"\nwebsite = "x"'), "swarm.website"),
+        (
+            lambda t: t.replace("lr = 2e-5", "lr = 2e-5\nlearning_rate = 1"),
+            "recommended.train.learning_rate",
+        ),
+        (lambda t: t.replace("lr = 2e-5", "lr = -1.0"), "recommended.train.lr"),
+        (lambda t: t + "[recommended.tasks]\none_shot = true\n", "recommended.tasks"),
+        (lambda t: t + "[recommended.net]\nbootstrap = []\n", "recommended.net.bootstrap"),
+        (lambda t: t.replace('name = "demo"', 'name = "Demo!"'), "swarm.name"),
+        (
+            lambda t: t.replace(
+                f"protocol = {PROTOCOL_VERSION}", f'protocol = "{PROTOCOL_VERSION}"'
+            ),
+            "swarm.protocol",
+        ),
+        (lambda t: t.replace(f'"{ADDR_A}"', '"/ip4/127.0.0.1/tcp/4141"'), "lacks /p2p/PEER_ID"),
+        (
+            lambda t: t.replace('"/dnsaddr/boot.example.org", ', "").replace(f'"{ADDR_A}"', ""),
+            "swarm.bootstrap",
+        ),
+        (
+            lambda t: t.split("[[tasks.families]]")[0].replace("[tasks]", "[tasks]\n"),
+            "tasks.families: required",
+        ),
+        (lambda t: t.split("[tasks]")[0], "tasks: Field required"),
+        (lambda t: t.replace("[swarm]", "[swarm"), "not valid TOML"),
+    ],
+)
+def test_bad_swarm_files_are_refused_in_one_line(tmp_path: Path, edit, needle: str) -> None:
+    path = write(tmp_path / "bad.toml", edit(SWARM))
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"net": {"swarm_file": path}}, environ={})
+    msg = str(err.value)
+    assert needle in msg and str(path) in msg and "\n" not in msg
+
+
+def test_a_missing_swarm_file_names_its_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"swarm file not found: {tmp_path / 'nope.toml'}"):
+        load_config(overrides={"net": {"swarm_file": tmp_path / "nope.toml"}}, environ={})
+
+
+@pytest.mark.parametrize(
+    ("bootstrap", "needle"),
+    [
+        (["/dnsaddr/boot.example.org"], None),
+        ([f"/dnsaddr/boot.example.org/p2p/{PEER_A}"], None),
+        (["/dns4/boot.example.org/tcp/4141"], "lacks /p2p/PEER_ID"),
+        (["/ip4/127.0.0.1/tcp/4141"], "lacks /p2p/PEER_ID"),
+    ],
+)
+def test_only_dnsaddr_names_go_without_a_peer_id(bootstrap: list[str], needle: str | None) -> None:
+    overrides = {"net": {"bootstrap": bootstrap}}
+    if needle is None:
+        assert load_config(overrides=overrides, environ={}).net.bootstrap == bootstrap
+    else:
+        with pytest.raises(ConfigError, match=needle):
+            load_config(overrides=overrides, environ={})
+
+
+def test_nameservers_are_checked() -> None:
+    good = ["127.0.0.53", "127.0.0.1:5353", "[::1]:53"]
+    assert load_config(overrides={"net": {"nameservers": good}}, environ={}).net.nameservers == good
+    with pytest.raises(ConfigError, match="net.nameservers: 'dns.example.org' is not a nameserver"):
+        load_config(overrides={"net": {"nameservers": ["dns.example.org"]}}, environ={})
+
+
+@pytest.mark.parametrize("command", ["start", "doctor"])
+def test_a_bad_swarm_file_is_a_usage_error(tmp_path: Path, capsys, command: str) -> None:
+    code, _, err = run_cli([command, "--swarm-file", str(tmp_path / "nope.toml")], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("sapo-node: error: swarm file not found: ")
+    bad = write(
+        tmp_path / "bad.toml", SWARM.replace(f"protocol = {PROTOCOL_VERSION}", "protocol = 9")
+    )
+    code, _, err = run_cli([command, "--swarm-file", str(bad)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "upgrade sapo-node" in err
