@@ -193,6 +193,7 @@ def run(deliver_s: float) -> dict[str, object]:
             start("pub2", None, "/ip4/198.18.0.2/tcp/4001", [addr("pub1")])
             boot = [addr("pub1"), addr("pub2")]
             start("h1", "home1", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False)
+            h2_started = time.monotonic()
             start("h2", "home2", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False)
             start(
                 "h3",
@@ -221,6 +222,12 @@ def run(deliver_s: float) -> dict[str, object]:
             t = time.monotonic()
             checks["home_exchange"] = exchange("h1", "h2", 0)
             checks["home_exchange_s"] = round(time.monotonic() - t, 1)
+            # a new home node (h2, behind the symmetric NAT): from its start to h1's group
+            checks["first_group_s"] = round(time.monotonic() - h2_started, 1)
+            checks["connections"] = {
+                n: (stat(n, "connections_direct"), stat(n, "connections_relayed"))
+                for n in ("h1", "h2")
+            }
             # Discovery passes run every second; a few let any LAN address spread.
             wait_for(lambda: (stat("pub1", "routing_table") or 0) >= 2, 30)
             time.sleep(3)
