@@ -22,7 +22,10 @@ instead), bigger outbound queues and backpressure, a raised inbound limit with t
 message cap in the validator, a 1 s heartbeat without adaptive gossip, sequence numbers
 from nanoseconds, bounded equivocation memory, services started before the host listens,
 periodic re-dial, our own port check, Noise only, announce addresses, the default
-message id, and discovery through the DHT. Where the library forgets a peer in pieces (a
+message id, and discovery through the DHT. Two more keep a node behind NAT from
+poisoning discovery with its LAN addresses (issue 30, net/reach.py): identify shows
+peers outside its LAN none of them (trap 16), and a DHT routing table takes only peers
+that serve the DHT from an address others can dial (trap 17). Where the library forgets a peer in pieces (a
 ban, a disconnect after one), ``SwarmPubsub.forget_peer`` forgets it everywhere at once,
 and ``stats`` reports any per-peer state still held for a peer that is gone.
 """
