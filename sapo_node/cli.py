@@ -267,6 +267,7 @@ def identity(
     from sapo_node.net import NetError
     from sapo_node.net import identity as ident
     from sapo_node.net.host import announced_addresses
+    from sapo_node.net.reach import decide
 
     cfg = _config(config, data_dir=data_dir, listen=listen, announce=announce)
     try:
@@ -275,9 +276,20 @@ def identity(
         _fail(str(exc))
     peer = ident.peer_id(key)
     typer.echo(f"peer id: {peer}")
-    for addr in announced_addresses(cfg.net.listen, cfg.net.announce):
+    addrs = announced_addresses(cfg.net.listen, cfg.net.announce)
+    for addr in addrs:
         note = "  (port chosen at start: see its log)" if addr.endswith("/tcp/0") else ""
         typer.echo(f"address: {addr}/p2p/{peer}{note}")
+    reachability = decide(cfg.net.reachability, cfg.net.announce, addrs)
+    typer.echo(f"reachability: {reachability}  ({REACHABILITY_NOTE[reachability]})")
+
+
+REACHABILITY_NOTE = {
+    "public": "peers anywhere can dial these addresses",
+    "private": "only LAN addresses: peers on this LAN can dial them, others cannot; with a "
+    "forwarded port, pass --announce /ip4/<public IP>/tcp/<port>",
+    "local": "loopback only: reachable from this machine",
+}
 
 
 @app.command()

@@ -151,6 +151,13 @@ def test_identity_is_created_once_and_printed_with_addresses(tmp_path: Path, cap
     peer = first.splitlines()[0].removeprefix("peer id: ")
     assert peer.startswith("12D3KooW")
     assert f"address: /ip4/127.0.0.1/tcp/4141/p2p/{peer}" in first
+    assert "reachability: local" in first
+    argv = ["identity", "--data-dir", str(tmp_path), "--listen", "/ip4/192.168.1.20/tcp/4141"]
+    main(argv)
+    assert "reachability: private" in capsys.readouterr().out
+    main([*argv, "--announce", "/ip4/203.0.113.7/tcp/4141"])
+    out = capsys.readouterr().out
+    assert "address: /ip4/203.0.113.7/tcp/4141/p2p/" in out and "reachability: public" in out
     assert (tmp_path / "identity.key").stat().st_mode & 0o777 == 0o600
 
 
