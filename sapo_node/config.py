@@ -521,6 +521,24 @@ class NetSection(_Section):
         "announce addresses or an address outside the LAN ranges, private behind NAT (DHT "
         "client, announces nothing, shows no LAN address to peers outside the LAN).",
     )
+    relay_reservations: int = Field(
+        128,
+        ge=0,
+        le=100_000,
+        description="A public node serves circuit relay v2 to this many private peers at "
+        "once (0: it relays for nobody); private nodes reserve on 2 such relays and are "
+        "dialled through them.",
+    )
+    relay_circuits: int = Field(
+        16, ge=1, le=10_000, description="Relayed connections a public node carries at once."
+    )
+    relay_circuit_mb: int = Field(
+        128,
+        ge=1,
+        le=1_000_000,
+        description="MiB one relayed connection may carry (then it "
+        "is closed and dialled again); each lasts at most an hour.",
+    )
     publish: Literal["all", "signal", "none"] = Field(
         "all",
         description="Groups to share each round: all, only those whose rewards differ "

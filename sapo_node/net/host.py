@@ -25,9 +25,10 @@ periodic re-dial, our own port check, Noise only, announce addresses, the defaul
 message id, and discovery through the DHT. Two more keep a node behind NAT from
 poisoning discovery with its LAN addresses (issue 30, net/reach.py): identify shows
 peers outside its LAN none of them (trap 16), and a DHT routing table takes only peers
-that serve the DHT from an address others can dial (trap 17). Where the library forgets a peer in pieces (a
-ban, a disconnect after one), ``SwarmPubsub.forget_peer`` forgets it everywhere at once,
-and ``stats`` reports any per-peer state still held for a peer that is gone.
+that serve the DHT from an address others can dial (trap 17); circuit relay v2 is wired
+in by hand (trap 18). Where the library forgets a peer in pieces (a ban, a disconnect
+after one), ``SwarmPubsub.forget_peer`` forgets it everywhere at once, and ``stats``
+reports any per-peer state still held for a peer that is gone.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
@@ -94,6 +100,8 @@ DIAL_CONCURRENCY = 8  # dials at once in a discovery pass
 DIAL_PASS_S = 2 * DIAL_TIMEOUT_S  # the most a pass spends dialling (peers that fail back off)
 RESOLVE_EVERY_S = 600.0  # bootstrap names (/dnsaddr/, /dns4/) are looked up again this often
 ALONE_NOTICE_S = 60.0  # a node still without a peer this long after start says so, once
+RELAYS = 2  # relays a private node keeps a reservation on
+CIRCUIT_S = 3600  # a relayed connection lasts at most this long (then it is dialled again)
 # Message ids of valid messages are remembered this long (refreshed on each sighting):
 # memory is bounded by the authors' rate limit times this. Content duplicates are the
 # pool's job, for its max_age_s.
@@ -408,19 +416,41 @@ class SwarmPubsub(Pubsub):
 # when it left any out. One network per process: REACHABILITY is this process's.
 
 REACHABILITY: list[reach.Reachability] = ["public"]
+RELAYED: list[str] = []  # this node's addresses through its relays (a private node's)
 _library_identify = identify_module._mk_identify_protobuf
+
+
+def shown_addrs(addrs: list[str], peer_ip: str | None) -> list[str]:
+    """The addresses a peer from ``peer_ip`` may see (reach.shown), then the relayed
+    ones, which anyone may."""
+    return reach.shown(REACHABILITY[0], addrs, peer_ip) + [a for a in RELAYED if a not in addrs]
 
 
 def _identify_for(host: Any, observed: multiaddr.Multiaddr | None) -> Any:
     """The library's identify message, with the addresses this peer may see."""
     message = _library_identify(host, observed)
     addrs = [str(multiaddr.Multiaddr(a)) for a in message.listen_addrs]
-    keep = reach.shown(REACHABILITY[0], addrs, reach.ip_of(str(observed)) if observed else None)
-    if len(keep) < len(addrs):
+    keep = shown_addrs(addrs, reach.ip_of(str(observed)) if observed else None)
+    if keep != addrs:
         del message.listen_addrs[:]
         message.listen_addrs.extend(multiaddr.Multiaddr(a).to_bytes() for a in keep)
         message.ClearField("signedPeerRecord")
     return message
+
+
+class _Shown:
+    """A host whose ``get_addrs`` are what a stranger may see: the DHT's provider store
+    puts them in the records it sends (py-libp2p takes ``host.get_addrs()`` whole)."""
+
+    def __init__(self, host: Any) -> None:
+        self._host = host
+
+    def get_addrs(self) -> list[multiaddr.Multiaddr]:
+        addrs = [str(a) for a in self._host.get_addrs()]
+        return [multiaddr.Multiaddr(a) for a in shown_addrs(addrs, None)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
 
 
 identify_module._mk_identify_protobuf = _identify_for
@@ -461,6 +491,7 @@ class SwarmDHT(KadDHT):
                 library_provide(key, PeerInfo(provider.peer_id, addrs))
 
         store.add_provider = add_provider
+        store.host = _Shown(host)  # what it provides: no LAN address of a private node
 
     def lan_addrs_held(self) -> int:
         """LAN addresses this DHT would hand out: its routing table's peers' and those in
@@ -610,6 +641,26 @@ class Network:
             # A private node asks the DHT but serves it not: public peers could not dial it
             mode = DHTMode.CLIENT if self.reachability == "private" else DHTMode.SERVER
             self.dht = SwarmDHT(self.host, mode, public=self.reachability == "public")
+        # trap 18 (circuit relay v2): py-libp2p's relay is not wired into the host, and
+        # its swarm never dials a /p2p-circuit address. Every node runs the relay
+        # protocol for the STOP side (taking relayed connections; the library's own
+        # listener never answers STOP, so it is not run), a public node also serves HOP
+        # within the limits of net.relay_*, and circuits are dialled through the relay
+        # transport directly. Its roles are STOP only: with CLIENT, each dial would also
+        # reserve a slot on the relay.
+        serve = self.reachability == "public" and settings.get("relay_reservations", 0) > 0
+        limits = RelayLimits(
+            duration=CIRCUIT_S,
+            data=int(settings.get("relay_circuit_mb", 128)) * 2**20,
+            max_circuit_conns=int(settings.get("relay_circuits", 16)),
+            max_reservations=int(settings.get("relay_reservations", 0)),
+        )
+        self.circuit = CircuitV2Protocol(self.host, limits=limits, allow_hop=serve)
+        self.circuits = CircuitV2Transport(
+            self.host, self.circuit, RelayConfig(roles=RelayRole.STOP)
+        )
+        self.relays: dict[ID, list[str]] = {}  # relay -> this node's addresses through it
+        self.nursery: trio.Nursery | None = None  # for the reservations' refresh
         self.bootstrap: list[PeerInfo] = []
         self.resolved_at = -RESOLVE_EVERY_S
         self.alone_since: float | None = None  # set at the first discovery pass
@@ -714,6 +765,7 @@ class Network:
             ):
                 if self.dht is not None:
                     await stack.enter_async_context(background_trio_service(self.dht))
+                await stack.enter_async_context(background_trio_service(self.circuit))
                 await self.out.send(
                     [
                         "ready",
@@ -737,6 +789,7 @@ class Network:
                         "--announce /ip4/<public IP>/tcp/<port> to be public."
                     )
                 async with trio.open_nursery() as nursery:
+                    self.nursery = nursery
                     nursery.start_soon(self._deliver, subscription)
                     nursery.start_soon(self._report)
                     nursery.start_soon(self._discover)
@@ -830,6 +883,7 @@ class Network:
             "backoff": len(self.backoff),
             "reachability": self.reachability,
             "discovery_pass_s": round(self.pass_s, 3),
+            "relays": len(self.relays),
             "routing_table": self.dht.get_routing_table_size() if self.dht is not None else 0,
             "dht_lan_addrs": self._dht_lan_addrs(),
             **self._connection_kinds(),
@@ -924,11 +978,12 @@ class Network:
                             await self.dht.add_peer(peer)
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
                     # Announce again each minute, and as soon as new peers connect: an
-                    # announcement made while alone reached nobody. A private node
-                    # announces nothing: its addresses would lead peers nowhere.
+                    # announcement made while alone reached nobody.
                     due = trio.current_time() - last_provide >= PROVIDE_EVERY_S
                     fresh = due or not connected <= provided_to
-                    if connected and fresh and self.reachability != "private":
+                    # a private node announces only its addresses through relays
+                    dialable = self.reachability != "private" or RELAYED
+                    if connected and fresh and dialable:
                         with contextlib.suppress(Exception):
                             if await self.dht.provide(key):
                                 last_provide, provided_to = trio.current_time(), connected
@@ -936,6 +991,8 @@ class Network:
                         for info in await self.dht.find_providers(key, 50):
                             if info.peer_id != self.me and info.addrs:
                                 self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+            if self.reachability == "private":
+                await self._reserve()
             await self._dial_known(skip=boot)
             self.pass_s = trio.current_time() - began
             await trio.sleep(self.s["redial_s"])
@@ -988,6 +1045,35 @@ class Network:
                 bootstrap=list(self.s["bootstrap"]),
                 resolved=[str(a) for i in self.bootstrap for a in i.addrs],
             )
+
+    async def _reserve(self) -> None:
+        """A private node keeps reservations on RELAYS connected public peers that serve
+        relaying, and gives peers its addresses through them (RELAYED): peers that cannot
+        dial it directly dial it there. A relay that left takes its addresses with it."""
+        connected = set(self.host.get_connected_peers())
+        for relay in [r for r in self.relays if r not in connected]:
+            del self.relays[relay]
+        store = self.host.get_peerstore()
+        for peer in connected:
+            if len(self.relays) >= RELAYS or self.nursery is None:
+                break
+            try:
+                serves = str(HOP_PROTOCOL_ID) in (store.get_protocols(peer) or ())
+                addrs = [str(a) for a in store.addrs(peer) if not reach.is_lan_addr(str(a))]
+            except Exception:
+                continue
+            if peer in self.relays or not serves or not addrs:
+                continue
+            ok = False
+            with trio.move_on_after(DIAL_TIMEOUT_S), contextlib.suppress(Exception):
+                stream = await self.host.new_stream(peer, [HOP_PROTOCOL_ID])
+                ok = await self.circuits.reserve(stream, peer, self.nursery)
+                await stream.close()
+            if ok:
+                at = [a.removesuffix(f"/p2p/{peer.pretty()}") for a in addrs]
+                self.relays[peer] = [f"{a}/p2p/{peer.pretty()}/p2p-circuit" for a in at]
+                log.info("relay reserved", relay=peer.pretty(), addrs=self.relays[peer])
+        RELAYED[:] = [a for addrs in self.relays.values() for a in addrs]
 
     async def _drop_stale(self, connected: set[ID]) -> None:
         """A connection whose pubsub stream never came up (a handshake lost under load)
@@ -1054,13 +1140,32 @@ class Network:
         # our own backoff decides when to try again.
         with contextlib.suppress(Exception):
             self.host.get_network().unblock_peer(peer)
+        circuits = [str(a) for a in info.addrs if "/p2p-circuit" in str(a)]
+        direct = [a for a in info.addrs if "/p2p-circuit" not in str(a)]
         with trio.move_on_after(DIAL_TIMEOUT_S):
             try:
-                await self.host.connect(info)
-                self.backoff.pop(peer, None)
-                return True
+                if direct:
+                    await self.host.connect(PeerInfo(peer, direct))
+                    self.backoff.pop(peer, None)
+                    return True
             except Exception as exc:
                 log.debug("dial failed", peer=peer.pretty(), error=str(exc)[:200])
+            # A private node dials a peer it cannot reach directly through a relay (a
+            # public one is dialled by such peers itself).
+            for addr in circuits if self.reachability == "private" else ():
+                if f"/p2p/{self.me.pretty()}/" in addr:
+                    continue  # a circuit through this node
+                target = (
+                    addr
+                    if addr.endswith(f"/p2p/{peer.pretty()}")
+                    else f"{addr}/p2p/{peer.pretty()}"
+                )
+                try:
+                    await self.circuits.dial(multiaddr.Multiaddr(target))
+                    self.backoff.pop(peer, None)
+                    return True
+                except Exception as exc:
+                    log.debug("relayed dial failed", peer=peer.pretty(), error=str(exc)[:200])
         self.backoff[peer] = (now + delay, min(delay * 2, 300.0))
         return False
 

@@ -61,4 +61,7 @@ def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address
     assert checks["routing_table"] == {"pub1": 2, "pub2": 2}
     assert checks["dht_lan_addrs"] == {"pub1": 0, "pub2": 0}
     assert checks["home_exchange"] and checks["exchange_without_pub1"]
+    # the two home nodes reach each other through a public node's relay (circuit v2)
+    assert checks["relayed_home_link"]
+    assert all(relayed >= 1 for _, relayed in checks["connections"].values())
     assert checks["forwarded_port_dialled"]

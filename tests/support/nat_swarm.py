@@ -224,6 +224,14 @@ def run(deliver_s: float) -> dict[str, object]:
             checks["home_exchange_s"] = round(time.monotonic() - t, 1)
             # a new home node (h2, behind the symmetric NAT): from its start to h1's group
             checks["first_group_s"] = round(time.monotonic() - h2_started, 1)
+            # each home node reserves on a public one and announces its relayed address
+            # in the DHT; the other dials it there: a connection of their own, relayed
+            t = time.monotonic()
+            checks["relayed_home_link"] = wait_for(
+                lambda: all((stat(n, "connections_relayed") or 0) >= 1 for n in ("h1", "h2")), 45
+            )
+            checks["relayed_home_link_s"] = round(time.monotonic() - t, 1)
+            checks["relays"] = {n: stat(n, "relays") for n in ("h1", "h2")}
             checks["connections"] = {
                 n: (stat(n, "connections_direct"), stat(n, "connections_relayed"))
                 for n in ("h1", "h2")
@@ -253,6 +261,7 @@ def run(deliver_s: float) -> dict[str, object]:
                 name
                 for name, ok in (
                     ("home_exchange", checks["home_exchange"]),
+                    ("relayed_home_link", checks["relayed_home_link"]),
                     ("routing_table", checks["routing_table"] == {"pub1": 2, "pub2": 2}),
                     ("dht_lan_addrs", checks["dht_lan_addrs"] == {"pub1": 0, "pub2": 0}),
                     ("forwarded_port_dialled", checks["forwarded_port_dialled"]),
