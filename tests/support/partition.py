@@ -157,7 +157,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=["reset", "down"], default="reset")
     parser.add_argument("--deliver-s", type=float, default=20.0)
-    parser.add_argument("--cut-s", type=float, default=15.0)
+    parser.add_argument("--cut-s", type=float, default=8.0)
     parser.add_argument("--heal-s", type=float, default=60.0)
     args = parser.parse_args()
     names = sorted(name for _, name in socket.if_nameindex())
