@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +66,32 @@ def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address
     assert checks["relayed_home_link"]
     assert all(relayed >= 1 for _, relayed in checks["connections"].values())
     assert checks["forwarded_port_dialled"]
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_whole_nodes_behind_nat_take_each_others_groups(tiny_model_dir: Path) -> None:
+    """The same NAT, with real `sapo-node start` processes: two relays (--no-train) on
+    the wan and a tiny-model trainer in each home (tests/support/nat_nodes.py)."""
+    problem = _nft_problem()
+    if problem:
+        pytest.skip(problem)
+    command = ["unshare", "-rn", sys.executable, "-m", "tests.support.nat_nodes"]
+    try:
+        proc = subprocess.run(
+            [*command, "--model", str(tiny_model_dir)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=RUN_S + 30,
+        )
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-3000:]
+        pytest.fail(f"nat_nodes did not finish; its log ends:\n{tail!r}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no result line (exit {proc.returncode}); log:\n{proc.stderr[-3000:]}"
+    result = json.loads(lines[-1])
+    assert proc.returncode == 0 and result["ok"], f"exit {proc.returncode}: {result}"
+    checks = result["checks"]
+    assert checks["each_takes_the_others_groups"]
+    assert checks["reachability"] == {"h1": "private", "h2": "private"}
+    assert set(checks["exit_codes"].values()) == {0}  # every node stopped cleanly
