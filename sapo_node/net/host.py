@@ -784,8 +784,9 @@ class Network:
                 if self.reachability == "private":
                     log.info(
                         "this node is private: it has only LAN addresses, so peers elsewhere "
-                        "cannot dial it; it dials out, asks the DHT as a client and shows "
-                        "peers outside its LAN no LAN address. With a forwarded port, pass "
+                        "cannot dial it directly; it dials out, is reached through public "
+                        "nodes' relays, asks the DHT as a client and shows peers outside its "
+                        "LAN no LAN address. With a forwarded port, pass "
                         "--announce /ip4/<public IP>/tcp/<port> to be public."
                     )
                 async with trio.open_nursery() as nursery:
