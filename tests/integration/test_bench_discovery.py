@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from sapo_node.net.host import DIAL_PASS_S, DIAL_TIMEOUT_S
-from tests.integration.test_mdns import _unshare_problem
+from tests.support.namespaces import unshare_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(120)
 def test_the_discovery_benchmark_runs() -> None:
-    problem = _unshare_problem("ip", "link", "set", "lo", "up")
+    problem = unshare_problem("ip", "link", "set", "lo", "up")
     if problem:
         pytest.skip(problem)
     done = subprocess.run(

@@ -9,47 +9,22 @@ skipped with the reason; `.ci/run` installs nftables, so CI runs it.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_mdns import REPO, _veth_problem
+from tests.support.namespaces import nft_problem, run_unshared
 
 RUN_S = 150  # ~25 s quiet (five network processes start one after another)
 
 
-def _nft_problem() -> str | None:
-    if shutil.which("nft") is None:
-        return "no `nft` command (Debian: apt-get install nftables)"
-    return _veth_problem()
-
-
 @pytest.mark.timeout(RUN_S + 30)
 def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address() -> None:
-    problem = _nft_problem()
+    problem = nft_problem()
     if problem:
         pytest.skip(problem)
-    try:
-        proc = subprocess.run(
-            ["unshare", "-rn", sys.executable, "-m", "tests.support.nat_swarm"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=RUN_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-3000:]
-        pytest.fail(f"nat_swarm did not finish in {RUN_S} s; its log ends:\n{tail!r}")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no result line (exit {proc.returncode}); log:\n{proc.stderr[-3000:]}"
-    result = json.loads(lines[-1])
-    assert proc.returncode == 0 and result["ok"], (
-        f"exit {proc.returncode}: {result}\nlog:\n{proc.stderr[-3000:]}"
-    )
+    code, result, log = run_unshared("tests.support.nat_swarm", timeout=RUN_S)
+    assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
     checks = result["checks"]
     assert checks["reachability"] == {
         "pub1": "public",
@@ -72,25 +47,14 @@ def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address
 def test_whole_nodes_behind_nat_take_each_others_groups(tiny_model_dir: Path) -> None:
     """The same NAT, with real `sapo-node start` processes: two relays (--no-train) on
     the wan and a tiny-model trainer in each home (tests/support/nat_nodes.py)."""
-    problem = _nft_problem()
+    problem = nft_problem()
     if problem:
         pytest.skip(problem)
-    command = ["unshare", "-rn", sys.executable, "-m", "tests.support.nat_nodes"]
-    try:
-        proc = subprocess.run(
-            [*command, "--model", str(tiny_model_dir)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=RUN_S + 30,
-        )
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-3000:]
-        pytest.fail(f"nat_nodes did not finish; its log ends:\n{tail!r}")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no result line (exit {proc.returncode}); log:\n{proc.stderr[-3000:]}"
-    result = json.loads(lines[-1])
-    assert proc.returncode == 0 and result["ok"], f"exit {proc.returncode}: {result}"
+    model = str(tiny_model_dir)
+    code, result, log = run_unshared(
+        "tests.support.nat_nodes", "--model", model, timeout=RUN_S + 30
+    )
+    assert code == 0 and result["ok"], f"exit {code}: {result}"
     checks = result["checks"]
     assert checks["each_takes_the_others_groups"]
     assert checks["reachability"] == {"h1": "private", "h2": "private"}

@@ -5,40 +5,20 @@ installs nftables."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.integration.test_mdns import REPO
-from tests.integration.test_nat import _nft_problem
+from tests.support.namespaces import nft_problem, run_unshared
 
 RUN_S = 150  # ~35 s quiet
 
 
 @pytest.mark.timeout(RUN_S + 30)
 def test_a_partition_heals_without_restarts_or_bans() -> None:
-    problem = _nft_problem()
+    problem = nft_problem()
     if problem:
         pytest.skip(problem)
-    try:
-        proc = subprocess.run(
-            ["unshare", "-rn", sys.executable, "-m", "tests.support.partition", "--mode", "reset"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=RUN_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-3000:]
-        pytest.fail(f"partition did not finish in {RUN_S} s; its log ends:\n{tail!r}")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no result line (exit {proc.returncode}); log:\n{proc.stderr[-3000:]}"
-    result = json.loads(lines[-1])
-    assert proc.returncode == 0 and result["ok"], (
-        f"exit {proc.returncode}: {result}\nlog:\n{proc.stderr[-3000:]}"
-    )
+    code, result, log = run_unshared("tests.support.partition", "--mode", "reset", timeout=RUN_S)
+    assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
     checks = result["checks"]
     assert checks["left_half_while_cut"] and checks["right_half_while_cut"]
     assert checks["nothing_crosses_while_cut"] and checks["crosses_after_heal"]

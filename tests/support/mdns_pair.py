@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import ctypes
 import fcntl
-import json
 import os
 import socket
 import struct
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net.process import Libp2pTransport
+from tests.support.namespaces import script_main
 
 REPO = Path(__file__).resolve().parents[2]
 VALID = REPO / "protocol" / "vectors" / "valid"
@@ -174,25 +174,7 @@ def main() -> int:
     parser.add_argument("--find-s", type=float, default=45.0)
     parser.add_argument("--deliver-s", type=float, default=20.0)
     args = parser.parse_args()
-    names = sorted(name for _, name in socket.if_nameindex())
-    if names != ["lo"]:
-        print(
-            json.dumps(
-                {
-                    "ok": False,
-                    "error": f"refusing to multicast: interfaces {names} mean this is not a "
-                    "fresh network namespace (run under `unshare -rn`)",
-                }
-            ),
-            flush=True,
-        )
-        return 3
-    try:
-        result = run(args.mode, args.find_s, args.deliver_s)
-    except Exception as exc:  # reported as a result line, for the test to show
-        result = {"mode": args.mode, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(result, default=str), flush=True)
-    return 0 if result["ok"] else 1
+    return script_main(lambda: run(args.mode, args.find_s, args.deliver_s))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from sapo_node.net import identity
 from tests.support.mdns_pair import wait_for
+from tests.support.namespaces import script_main
 from tests.support.nat_swarm import Netns, build
 from tests.support.swarm import REPO, node_config
 
@@ -143,17 +143,15 @@ def main() -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--within", type=float, default=150.0)
     args = parser.parse_args()
-    names = sorted(name for _, name in socket.if_nameindex())
-    if names != ["lo"]:
-        print(json.dumps({"ok": False, "error": f"interfaces {names}: not a fresh namespace"}))
-        return 3
-    try:
+
+    def checked() -> dict[str, object]:
         result = run(args.model, args.within)
-    except Exception as exc:  # reported as a result line, for the test to show
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    ok = result["ok"] and set(result["checks"].get("exit_codes", {}).values()) == {0}
-    print(json.dumps(result, default=str), flush=True)
-    return 0 if ok else 1
+        exits = result["checks"].get("exit_codes", {})  # type: ignore[union-attr]
+        if result["ok"] and set(exits.values()) != {0}:
+            result.update(ok=False, error=f"a node did not stop cleanly: {exits}")
+        return result
+
+    return script_main(checked)
 
 
 if __name__ == "__main__":

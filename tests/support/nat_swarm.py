@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +37,7 @@ from pathlib import Path
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net.process import Libp2pTransport
 from tests.support.mdns_pair import CLONE_NEWNET, _check, _libc, lo_up, wait_for
+from tests.support.namespaces import script_main
 
 REPO = Path(__file__).resolve().parents[2]
 VALID = REPO / "protocol" / "vectors" / "valid"
@@ -283,24 +282,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deliver-s", type=float, default=30.0)
     args = parser.parse_args()
-    names = sorted(name for _, name in socket.if_nameindex())
-    if names != ["lo"]:
-        print(
-            json.dumps(
-                {
-                    "ok": False,
-                    "error": f"interfaces {names}: not a fresh namespace (run under `unshare -rn`)",
-                }
-            ),
-            flush=True,
-        )
-        return 3
-    try:
-        result = run(args.deliver_s)
-    except Exception as exc:  # reported as a result line, for the test to show
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(result, default=str), flush=True)
-    return 0 if result["ok"] else 1
+    return script_main(lambda: run(args.deliver_s))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ JSON line (each check, timings, ``error``) and exits 0 if every check passed, 1 
 from __future__ import annotations
 
 import argparse
-import json
-import socket
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ from pathlib import Path
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net.process import Libp2pTransport
 from tests.support.mdns_pair import lo_up, wait_for
+from tests.support.namespaces import script_main
 from tests.support.nat_swarm import VALID, Netns
 
 REDIAL_S = 2.0
@@ -160,16 +159,7 @@ def main() -> int:
     parser.add_argument("--cut-s", type=float, default=8.0)
     parser.add_argument("--heal-s", type=float, default=60.0)
     args = parser.parse_args()
-    names = sorted(name for _, name in socket.if_nameindex())
-    if names != ["lo"]:
-        print(json.dumps({"ok": False, "error": f"interfaces {names}: not a fresh namespace"}))
-        return 3
-    try:
-        result = run(args.mode, args.deliver_s, args.cut_s, args.heal_s)
-    except Exception as exc:  # reported as a result line, for the test to show
-        result = {"ok": False, "mode": args.mode, "error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(result, default=str), flush=True)
-    return 0 if result["ok"] else 1
+    return script_main(lambda: run(args.mode, args.deliver_s, args.cut_s, args.heal_s))
 
 
 if __name__ == "__main__":
