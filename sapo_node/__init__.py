@@ -2,7 +2,7 @@
 
 import os
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # oneDNN, which runs torch's bfloat16 matrix products on CPUs, keeps a compiled primitive
 # per shape, up to 1024 by default, and ideep (torch's layer over it) keeps its own

@@ -15,7 +15,9 @@ Held-out evaluations are few (one every ``eval.every`` rounds) and are kept apar
 one of them up to the same bound. A round recorded twice (a crash between a round and the
 checkpoint that covers it) counts once, its last record winning.
 
-Nothing here imports torch: the swarm's parent process reads its children's files too.
+Rows in the names used before 0.3.0 are read in the current ones (metrics.upgrade, row by
+row: a resumed node continues an old file in the new names). Nothing here imports torch:
+the swarm's parent process reads its children's files too.
 """
 
 from __future__ import annotations
@@ -26,33 +28,35 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from sapo_node.metrics import upgrade
+
 # Per-round numbers the page draws (a missing key in a record is None, drawn as a gap).
 KEYS = (
     "time",
-    "reward_mean",
-    "cumulative_reward",
-    "external_reward_mean",
-    "answer_tag_rate",
-    "tokens_per_s",
-    "peak_rss_mb",
-    "peak_gpu_mb",
-    "pool_size",
-    "external_age_s",
-    "external_age_rounds",
-    "peers",
-    "local_groups",
-    "external_groups",
-    "groups_trained",
-    "groups_published",
-    "groups_received",
-    "groups_accepted",
-    "groups_rejected",
-    "bytes_in",
-    "bytes_out",
+    "reward/mean",
+    "reward/cumulative",
+    "reward/external_mean",
+    "rollout/answer_tag_rate",
+    "rollout/tokens_per_s",
+    "memory/peak_rss_mb",
+    "memory/peak_gpu_mb",
+    "pool/groups",
+    "groups/external_age_s",
+    "groups/external_age_rounds",
+    "net/peers",
+    "groups/local",
+    "groups/external",
+    "groups/trained",
+    "net/published",
+    "net/received",
+    "net/accepted",
+    "net/rejected",
+    "net/bytes_in",
+    "net/bytes_out",
     "train/loss",
 )
 # Families of keys, by prefix: phase times, per-family reward and curriculum level.
-PREFIXES = ("t_", "level/", "reward/")
+PREFIXES = ("phase_s/", "family_level/", "family_reward/")
 EVAL_KEYS = ("eval/pass1", "eval/greedy", "eval/answer_tag_rate")
 MAX_POINTS = 2000
 MA_WINDOW = 10
@@ -145,6 +149,7 @@ class History:
             return
         if not isinstance(record, dict) or type(record.get("round")) is not int:
             return
+        record = upgrade(record)
         r = record["round"]
         row = {k: _number(record.get(k)) for k in KEYS}
         for k, v in record.items():
@@ -167,7 +172,7 @@ class History:
         keys = list(KEYS)
         extra = sorted({k for row in rows for k in row if k not in KEYS})[:MAX_SERIES]
         columns = {k: [row.get(k) for row in rows] for k in keys + extra}
-        columns["reward_ma"] = moving_average(columns["reward_mean"], window)
+        columns["reward_ma"] = moving_average(columns["reward/mean"], window)
         keep = thin(len(rounds), points)
         out_eval = [evals[i] for i in thin(len(evals), points)]
         return {

@@ -487,18 +487,18 @@ class Node:
         now = self.transport.stats() if self.transport is not None else NetStats()
         before, self._net_before = self._net_before, now
         return {
-            "peers": now.peers,
-            "groups_published": published,
-            "groups_received": sum(inbound.values()),
-            "groups_accepted": inbound["accepted"],
-            "groups_rejected": inbound["rejected"]
+            "net/peers": now.peers,
+            "net/published": published,
+            "net/received": sum(inbound.values()),
+            "net/accepted": inbound["accepted"],
+            "net/rejected": inbound["rejected"]
             + inbound["ignored"]
             + now.rejected
             - before.rejected,
-            "groups_dropped": now.inbox_dropped - before.inbox_dropped,
-            "groups_unsent": now.publish_dropped - before.publish_dropped,
-            "bytes_in": now.bytes_in - before.bytes_in,
-            "bytes_out": now.bytes_out - before.bytes_out,
+            "net/dropped": now.inbox_dropped - before.inbox_dropped,
+            "net/unsent": now.publish_dropped - before.publish_dropped,
+            "net/bytes_in": now.bytes_in - before.bytes_in,
+            "net/bytes_out": now.bytes_out - before.bytes_out,
         }
 
     def _outcome_record(self) -> dict[str, int]:
@@ -573,19 +573,19 @@ class Node:
     def _record(self, r, local, groups, stats: TrainStats, new_tokens, seconds, moves):
         """The round's metrics row (docs/operations.md lists every key). What sharing did:
 
-        - ``external_reward_mean``: mean reward of the completions of the peers' groups
+        - ``reward/external_mean``: mean reward of the completions of the peers' groups
           trained on (after the defence's screening, as trained); null with none;
-        - ``local_groups_<kind>``, ``external_groups_<kind>``: own groups and peers' groups
+        - ``groups/local_<kind>``, ``groups/external_<kind>``: own groups and peers' groups
           trained on, counted by ``Group.outcome`` (kind: ``all_wrong``, ``all_right``,
-          ``signal``); each three sum to ``local_groups`` and ``external_groups``;
+          ``signal``); each three sum to ``groups/local`` and ``groups/external``;
         - ``train/steps``: optimiser steps taken (``ppo_epochs`` unless skipped);
           ``train/grad_norm``: the last step's gradient norm before clipping (null if not
           finite); ``train/grad_norm_max``: the largest over the steps taken;
           ``train/grad_clipped``: the share of the steps taken whose norm exceeded
           ``train.grad_clip`` (0 or 1 with one step); both null when no step was taken;
-        - ``external_age_rounds`` (mean) and ``external_age_rounds_max``: this node's round
-          minus its round when the group entered its pool (``_age_record``);
-        - ``external_tokens_taught``: the share of the peers' completion tokens that the
+        - ``groups/external_age_rounds`` (mean) and ``groups/external_age_rounds_max``: this
+          node's round minus its round when the group entered its pool (``_age_record``);
+        - ``groups/external_tokens_taught``: the share of the peers' completion tokens that the
           loss counts (``defence.answer_only`` leaves their free text out); null with
           none.
         """
@@ -597,38 +597,38 @@ class Node:
         rec: dict[str, Any] = {
             "round": r,
             "time": round(time.time(), 3),
-            "reward_mean": reward_mean,
-            "cumulative_reward": self.cumulative_reward,
-            "local_groups": len(local),
-            "external_groups": len(groups) - len(local),
-            "groups_trained": sum(g.has_signal for g in groups),
-            "external_reward_mean": _mean_or_none([x for g in theirs for x in g.rewards]),
-            "external_tokens_taught": _mean_or_none(
+            "reward/mean": reward_mean,
+            "reward/cumulative": self.cumulative_reward,
+            "reward/external_mean": _mean_or_none([x for g in theirs for x in g.rewards]),
+            "groups/local": len(local),
+            "groups/external": len(groups) - len(local),
+            "groups/trained": sum(g.has_signal for g in groups),
+            "groups/external_tokens_taught": _mean_or_none(
                 [t for g in theirs for flags in _taught(g) for t in flags]
             ),
-            **_outcomes("local_groups", local, threshold),
-            **_outcomes("external_groups", theirs, threshold),
-            "answer_tag_rate": _mean(
+            **_outcomes("groups/local", local, threshold),
+            **_outcomes("groups/external", theirs, threshold),
+            "rollout/answer_tag_rate": _mean(
                 [extract_answer(x) is not None for g in local for x in g.texts]
             ),
-            "pool_size": len(self.pool),
-            "pool_mb": self.pool.size_bytes() / 2**20,
+            "pool/groups": len(self.pool),
+            "pool/mb": self.pool.size_bytes() / 2**20,
         }
         for fam in sorted({g.task.ref.family for g in local}):
-            rec[f"reward/{fam}"] = _mean(
+            rec[f"family_reward/{fam}"] = _mean(
                 [x for g in local if g.task.ref.family == fam for x in g.rewards]
             )
         for fam, level in self.curriculum.level.items():
-            rec[f"level/{fam}"] = level
+            rec[f"family_level/{fam}"] = level
         rec.update(
             {
-                "curriculum_moves": {k: v for k, v in moves.items() if v},
-                "t_generate": seconds.get("generate", 0.0),
-                "t_score": seconds.get("score", 0.0),
-                "t_train": seconds.get("train", 0.0),
-                "t_round": seconds.get("round", 0.0),
-                "new_tokens": new_tokens,
-                "tokens_per_s": new_tokens / max(seconds.get("generate", 0.0), 1e-9),
+                "curriculum/moves": {k: v for k, v in moves.items() if v},
+                "phase_s/generate": seconds.get("generate", 0.0),
+                "phase_s/score": seconds.get("score", 0.0),
+                "phase_s/train": seconds.get("train", 0.0),
+                "phase_s/round": seconds.get("round", 0.0),
+                "rollout/new_tokens": new_tokens,
+                "rollout/tokens_per_s": new_tokens / max(seconds.get("generate", 0.0), 1e-9),
                 "train/sequences": stats.sequences,
                 "train/tokens": stats.tokens,
                 "train/loss": stats.loss,
@@ -641,8 +641,8 @@ class Node:
                 "train/grad_norm": stats.grad_norm if math.isfinite(stats.grad_norm) else None,
                 "train/grad_norm_max": stats.grad_norm_max if stats.steps else None,
                 "train/grad_clipped": stats.clipped_steps / stats.steps if stats.steps else None,
-                "peak_rss_mb": peak_rss_mb(),
-                "peak_gpu_mb": peak_gpu_mb(self.policy.device),
+                "memory/peak_rss_mb": peak_rss_mb(),
+                "memory/peak_gpu_mb": peak_gpu_mb(self.policy.device),
             }
         )
         return rec
@@ -728,15 +728,19 @@ def _age_record(theirs: Sequence[Group], r: int, now: float) -> dict[str, float]
     if not pooled:
         return {}
     ages = [max(0.0, now - p.group.created_ms / 1000.0) for p in pooled]
-    rec = {"external_age_s": _mean(ages), "external_age_s_max": max(ages)}
+    rec = {"groups/external_age_s": _mean(ages), "groups/external_age_s_max": max(ages)}
     rounds = [max(0, r - p.received_round) for p in pooled if p.received_round is not None]
     if rounds:
-        rec |= {"external_age_rounds": _mean(rounds), "external_age_rounds_max": max(rounds)}
+        rec |= {
+            "groups/external_age_rounds": _mean(rounds),
+            "groups/external_age_rounds_max": max(rounds),
+        }
     return rec
 
 
 def _outcomes(prefix: str, groups: Sequence[Group], correct_threshold: float) -> dict[str, int]:
-    """``<prefix>_all_wrong``, ``_all_right`` and ``_signal``: groups of each outcome."""
+    """``<prefix>_all_wrong``, ``_all_right`` and ``_signal``: groups of each outcome
+    (prefix ``groups/local`` or ``groups/external``)."""
     counts = Counter(g.outcome(correct_threshold) for g in groups)
     return {f"{prefix}_{kind}": counts[kind] for kind in ("all_wrong", "all_right", "signal")}
 
@@ -791,16 +795,20 @@ def _log_round(rec: dict[str, Any]) -> None:
     log.info(
         "round",
         round=rec["round"],
-        reward=round(rec["reward_mean"], 3),
-        cumulative=round(rec["cumulative_reward"], 2),
-        tags=round(rec["answer_tag_rate"], 2),
-        groups=f"{rec['local_groups']}+{rec['external_groups']}",
-        peers=rec.get("peers", 0),
+        reward=round(rec["reward/mean"], 3),
+        cumulative=round(rec["reward/cumulative"], 2),
+        tags=round(rec["rollout/answer_tag_rate"], 2),
+        groups=f"{rec['groups/local']}+{rec['groups/external']}",
+        peers=rec.get("net/peers", 0),
         trained=rec["train/sequences"],
-        levels=" ".join(f"{k[6:]}={v}" for k, v in rec.items() if k.startswith("level/")),
-        tok_s=round(rec["tokens_per_s"], 1),
-        t=f"{rec['t_generate']:.1f}/{rec['t_score']:.1f}/{rec['t_train']:.1f}s",
-        rss_mb=round(rec["peak_rss_mb"]),
+        levels=" ".join(
+            f"{k.removeprefix('family_level/')}={v}"
+            for k, v in rec.items()
+            if k.startswith("family_level/")
+        ),
+        tok_s=round(rec["rollout/tokens_per_s"], 1),
+        t=(f"{rec['phase_s/generate']:.1f}/{rec['phase_s/score']:.1f}/{rec['phase_s/train']:.1f}s"),
+        rss_mb=round(rec["memory/peak_rss_mb"]),
     )
     if "eval/pass1" in rec:
         log.info(

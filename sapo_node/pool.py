@@ -18,9 +18,10 @@ task, compared the question and scored every completion with its own verifier
   old on average). An age bound in seconds, rather than in rounds, is what a receiver can
   enforce without trusting anyone: peers' rounds have different lengths, and a round
   number is the sender's word. Within the bound, draws stay uniform (no author or moment
-  is favoured); the age of what each round trains on is a metric (``external_age_s``),
-  and so is the same age in the receiver's own rounds (``external_age_rounds``: each group
-  keeps the round in which it arrived, ``round_clock``);
+  is favoured); the age of what each round trains on is a metric
+  (``groups/external_age_s``), and so is the same age in the receiver's own rounds
+  (``groups/external_age_rounds``: each group keeps the round in which it arrived,
+  ``round_clock``);
 - persistent: one SQLite file in the data directory, so a restart keeps it. A file written
   before groups kept their arrival round gains the column when opened (its groups' round
   is unknown: NULL); a version that does not know the column ignores it;

@@ -69,6 +69,7 @@ from sapo_node import __version__
 from sapo_node.checkpoint import write_text_atomic
 from sapo_node.config import Config, parse_host_port
 from sapo_node.history import MAX_POINTS, History
+from sapo_node.metrics import upgrade
 
 log = structlog.get_logger(__name__)
 
@@ -332,36 +333,46 @@ def metric_families(f: dict[str, Any]) -> list[Metric]:
 def _round_metrics(r: dict[str, Any], gauge, labelled) -> None:
     """The last round's record as gauges."""
     gauge("sapo_last_round_timestamp_seconds", "When the last round was recorded.", r["time"])
-    gauge("sapo_reward", "Mean reward of the node's own completions, last round.", r["reward_mean"])
-    gauge("sapo_answer_tag_rate", "Own completions with answer tags.", r["answer_tag_rate"])
-    gauge("sapo_tokens_per_second", "Generation speed, last round.", r["tokens_per_s"])
+    gauge("sapo_reward", "Mean reward of the node's own completions, last round.", r["reward/mean"])
+    gauge("sapo_answer_tag_rate", "Own completions with answer tags.", r["rollout/answer_tag_rate"])
+    gauge("sapo_tokens_per_second", "Generation speed, last round.", r["rollout/tokens_per_s"])
     gauge("sapo_train_loss", "GRPO loss, last round.", r["train/loss"])
-    families = {k.removeprefix("reward/"): v for k, v in r.items() if k.startswith("reward/")}
+    families = _labels(r, "family_reward/")
     labelled("sapo_family_reward", "Mean own reward per family, last round.", "family", families)
-    levels = {k.removeprefix("level/"): v for k, v in r.items() if k.startswith("level/")}
+    levels = _labels(r, "family_level/")
     labelled("sapo_family_level", "Curriculum level per family.", "family", levels)
     labelled(
         "sapo_round_groups",
         "Groups in the last round: own, peers', and trained on (with signal).",
         "kind",
         {
-            "local": r["local_groups"],
-            "external": r["external_groups"],
-            "trained": r["groups_trained"],
+            "local": r["groups/local"],
+            "external": r["groups/external"],
+            "trained": r["groups/trained"],
         },
     )
     labelled(
         "sapo_phase_seconds",
         "Seconds per phase of the last round.",
         "phase",
-        {p: r[f"t_{p}"] for p in ("generate", "score", "train", "round")},
+        {p: r[f"phase_s/{p}"] for p in ("generate", "score", "train", "round")},
     )
-    if "external_age_s" in r:
+    if "groups/external_age_s" in r:
         gauge(
             "sapo_trained_group_age_seconds",
             "Mean age of the peers' groups the last round trained on.",
-            r["external_age_s"],
+            r["groups/external_age_s"],
         )
+
+
+def _labels(r: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The keys of a record that carry a label value last (``family_reward/<family>``), by
+    that value: a Prometheus metric's label, as ``sapo_family_reward{family}``.
+
+    >>> _labels({"family_reward/arith": 0.5, "reward/mean": 0.5}, "family_reward/")
+    {'arith': 0.5}
+    """
+    return {k.removeprefix(prefix): v for k, v in r.items() if k.startswith(prefix)}
 
 
 # --- the server ----------------------------------------------------------------------------
@@ -577,17 +588,19 @@ def summary(f: dict[str, Any]) -> list[str]:
     if f["role"] == "node":
         lora = " (LoRA)" if f["lora"] else ""
         lines.append(f"model {f['model']}{lora} on {f['device']}; data {f['data_dir']}")
-        last = f["last_round"]
+        last = f["last_round"]  # in the old names from a node older than 0.3.0: upgraded
+        last = None if last is None else upgrade(last)
         if last is None:
             lines.append(f"{f['round']} rounds done, none yet in this run; now: {f['phase']}")
         else:
             lines.append(
                 f"{f['round']} rounds done, the last {_duration(last['ago_s'])} ago in "
-                f"{last['t_round']:.1f} s (generate {last['t_generate']:.1f}, score "
-                f"{last['t_score']:.1f}, train {last['t_train']:.1f}); now: {f['phase']}"
+                f"{last['phase_s/round']:.1f} s (generate {last['phase_s/generate']:.1f}, "
+                f"score {last['phase_s/score']:.1f}, train {last['phase_s/train']:.1f}); "
+                f"now: {f['phase']}"
             )
             lines.append(
-                f"reward {last['reward_mean']:.3f} (last round), cumulative "
+                f"reward {last['reward/mean']:.3f} (last round), cumulative "
                 f"{f['cumulative_reward']:.2f}"
             )
         if (e := f["last_eval"]) is not None:

@@ -45,6 +45,7 @@ from typing import Any, TextIO
 import platformdirs
 
 from sapo_node.history import History
+from sapo_node.metrics import upgrade
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 4150
@@ -213,7 +214,8 @@ def busy_ports(ports: Sequence[int], host: str = LOOPBACK) -> list[int]:
 
 
 def read_last_record(path: Path, chunk: int = 64 * 1024) -> dict[str, Any] | None:
-    """The last complete JSON object in a JSON-lines file, reading only its tail.
+    """The last complete JSON object in a metrics file, reading only its tail, in the
+    current names (metrics.upgrade: a swarm resumed on old files).
 
     A torn last line (a node writing right now, a crash mid-write), blank lines, bad
     UTF-8 or a missing file never raise: the previous good line counts, or None."""
@@ -235,7 +237,7 @@ def read_last_record(path: Path, chunk: int = 64 * 1024) -> dict[str, Any] | Non
                     except ValueError:  # JSONDecodeError and UnicodeDecodeError
                         continue
                     if isinstance(record, dict):
-                        return record
+                        return upgrade(record)
                 if start == 0:
                     return None
                 block *= 4
@@ -283,11 +285,11 @@ def row_cells(row: Row) -> list[str]:
         short_peer(row.peer_id),
         row.state,
         _num(r, "round", "d", add=1),
-        _num(r, "reward_mean", ".3f"),
-        _num(r, "cumulative_reward", ".2f"),
-        _num(r, "peers", "d"),
-        _num(r, "external_groups", "d"),
-        _num(r, "pool_size", "d"),
+        _num(r, "reward/mean", ".3f"),
+        _num(r, "reward/cumulative", ".2f"),
+        _num(r, "net/peers", "d"),
+        _num(r, "groups/external", "d"),
+        _num(r, "pool/groups", "d"),
     ]
 
 
@@ -595,7 +597,7 @@ class SwarmView:
                         "round": h["round"],
                         **{
                             k: h["series"][k]
-                            for k in ("reward_mean", "reward_ma", "cumulative_reward")
+                            for k in ("reward/mean", "reward_ma", "reward/cumulative")
                         },
                         "window": h["window"],
                     },

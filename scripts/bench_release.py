@@ -5,8 +5,9 @@ Runs ``sapo-node start`` (default config, the swarm off, the embedded model unle
 ``--baseline`` (exported with ``git archive``; default 7b8d534, the release before
 issue 10's work) and this working tree. Each run trains ``--rounds`` rounds in a fresh
 data directory with the same seed; all runs share one model cache, so the model is
-de-quantised once. It prints, per tree, each round's seconds (``t_round`` in its
-metrics.jsonl) and high-water RSS (``peak_rss_mb``), and then the ratio of the median
+de-quantised once. It prints, per tree, each round's seconds (``phase_s/round`` in
+its metrics.jsonl, read in the current names whichever tree wrote it) and high-water RSS
+(``memory/peak_rss_mb``), and then the ratio of the median
 round times (rounds after the first, which also warms up) and the peak RSS of each.
 
 With ``--rounds 100 --only current`` it is the memory series of issue 10: the node's
@@ -31,6 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sapo_node.metrics import read_metrics  # noqa: E402  (the baseline's old names too)
+
 DEFAULT_BASELINE = "7b8d534"
 
 
@@ -76,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} run {pair}: {len(records)} rounds in {took:.0f} s", flush=True)
             for r in records:
                 print(
-                    f"  round {r['round']:3d}  {r['t_round']:6.1f} s  "
-                    f"(generate {r.get('t_generate', 0):5.1f}, train {r.get('t_train', 0):5.1f})"
-                    f"  {r.get('new_tokens', 0):5d} tokens  peak RSS {r['peak_rss_mb']:6.0f} MiB",
+                    f"  round {r['round']:3d}  {r['phase_s/round']:6.1f} s  "
+                    f"(generate {r.get('phase_s/generate', 0):5.1f}, "
+                    f"train {r.get('phase_s/train', 0):5.1f})"
+                    f"  {r.get('rollout/new_tokens', 0):5d} tokens  "
+                    f"peak RSS {r['memory/peak_rss_mb']:6.0f} MiB",
                     flush=True,
                 )
             runs[name].append(records)
@@ -135,24 +142,23 @@ def run_node(tree: Path, data: Path, args: argparse.Namespace) -> list[dict]:
         sys.exit(f"the node from {tree} failed ({done.returncode}); see {log}")
     if f"sources: {tree.resolve() / 'sapo_node'}" not in log.read_text(encoding="utf-8"):
         sys.exit(f"the node did not run {tree}'s sources; see {log}")
-    metrics = data / "metrics.jsonl"
-    return [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines()]
+    return read_metrics(data / "metrics.jsonl")
 
 
 def summarise(runs: dict[str, list[list[dict]]]) -> dict:
     """Median round seconds after the first round, peak RSS, and the ratio of the two trees."""
     out: dict = {}
     for name, records in runs.items():
-        later = [r["t_round"] for run in records for r in run if r["round"] > 0]
-        rss = [r["peak_rss_mb"] for run in records for r in run]
+        later = [r["phase_s/round"] for run in records for r in run if r["round"] > 0]
+        rss = [r["memory/peak_rss_mb"] for run in records for r in run]
         out[name] = {
             "median_round_s": statistics.median(later) if later else None,
             "peak_rss_mb": max(rss) if rss else None,
             "tokens_per_round": statistics.mean(
-                r.get("new_tokens", 0) for run in records for r in run
+                r.get("rollout/new_tokens", 0) for run in records for r in run
             ),
         }
-        series = [r["peak_rss_mb"] for r in records[-1]]
+        series = [r["memory/peak_rss_mb"] for r in records[-1]]
         if len(series) > 5:
             out[name]["rss_growth_from_round_5"] = series[-1] / series[5] - 1
     if "baseline" in out and "current" in out:

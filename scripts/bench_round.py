@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -384,21 +383,24 @@ def measure_rounds(args: argparse.Namespace) -> None:
         node.run()
     finally:
         node.close()
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from sapo_node.metrics import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
     # Wall time of round k = time between the records of rounds k-1 and k: it includes
     # everything the loop does (task making, pool, records, logs, metrics fsync).
     wall = inside = 0.0
     for prev, r in zip(rows, rows[1:], strict=False):
         w = r["time"] - prev["time"]
-        phases = r["t_generate"] + r["t_score"] + r["t_train"]
+        t = {p: r[f"phase_s/{p}"] for p in ("generate", "score", "train")}
+        phases = t["generate"] + t["score"] + t["train"]
         wall, inside = wall + w, inside + phases
         print(
-            f"  round {r['round']}: {w:.1f} s wall (generate {r['t_generate']:.1f}, "
-            f"score {r['t_score']:.2f}, train {r['t_train']:.1f}), outside "
+            f"  round {r['round']}: {w:.1f} s wall (generate {t['generate']:.1f}, "
+            f"score {t['score']:.2f}, train {t['train']:.1f}), outside "
             f"{100 * (1 - phases / w):.2f}%"
         )
     print(f"share of round time outside generate/score/train: {100 * (1 - inside / wall):.2f}%")
-    print(f"peak RSS: {max(r['peak_rss_mb'] for r in rows):.0f} MiB")
+    print(f"peak RSS: {max(r['memory/peak_rss_mb'] for r in rows):.0f} MiB")
 
 
 def _repo_on_path() -> None:

@@ -30,7 +30,7 @@ def cumulative(d: Path, nodes: int, rounds: int) -> list[float]:
         rows = {int(r["round"]): r for r in read_metrics(d / f"node-{i}" / "metrics.jsonl")}
         if set(range(rounds)) - set(rows):
             raise SystemExit(f"{d}/node-{i}: rounds missing")
-        out.append(sum(float(rows[r]["reward_mean"]) for r in range(rounds)))
+        out.append(sum(float(rows[r]["reward/mean"]) for r in range(rounds)))
     return out
 
 

@@ -22,8 +22,10 @@ Measured, per node and overall:
 ``--defences off`` sets ``defence.enabled = false``; ``on`` leaves the node defaults.
 Everything else, seeds included, is the same in both, so the two runs differ only there.
 
-Output: OUT/rounds.jsonl (one line per node and round), OUT/evals.jsonl, OUT/report.json
-(the summary below, also printed). Each node's data directory is OUT/node-<i>.
+Output: OUT/rounds.jsonl (one line per node and round, with a few of the node's metrics,
+ROUND_KEYS; runs before 0.3.0 wrote them in the old names: reward_mean, external_groups,
+groups_trained, t_round), OUT/evals.jsonl, OUT/report.json (the summary below, also
+printed). Each node's data directory is OUT/node-<i>.
 
 Usage (docs/security.md has the commands and the results):
     python scripts/poison_attack.py --out DIR --defences off --rounds 40
@@ -56,6 +58,8 @@ from tests.support.poison import DEFAULT_PAYLOAD, PoisonPeer, carries  # noqa: E
 ATTACKER = "attacker"
 OBSERVER = "observer"
 SEED_SPACING = 2**40
+# The node's metrics copied into each line of rounds.jsonl (metrics.jsonl has them all).
+ROUND_KEYS = ("reward/mean", "groups/external", "groups/trained", "phase_s/round")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -260,10 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "payload_logprob": probe.logprob(node),
                     "completions": len(own[i]),
                     "examples": own[i][:: max(1, len(own[i]) // 4)][:4],
-                    "reward_mean": rec["reward_mean"],
-                    "external_groups": rec["external_groups"],
-                    "groups_trained": rec["groups_trained"],
-                    "t_round": rec["t_round"],
+                    **{k: rec[k] for k in ROUND_KEYS},
                 }
                 rounds_log.write(json.dumps(line) + "\n")
                 lines.append(line)

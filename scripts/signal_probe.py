@@ -80,11 +80,11 @@ def main() -> None:
         for seed in range(args.seeds):
             with tempfile.TemporaryDirectory() as tmp:
                 rows.append(probe(args.experiment, SETTINGS[name], args.groups, seed, Path(tmp)))
-        n = sum(r["local_groups"] for r in rows)
-        signal = sum(r["groups_trained"] for r in rows)
-        wrong = sum(r.get("local_groups_all_wrong", float("nan")) for r in rows)
-        reward = sum(r["reward_mean"] * r["local_groups"] for r in rows) / n
-        tags = sum(r["answer_tag_rate"] * r["local_groups"] for r in rows) / n
+        n = sum(r["groups/local"] for r in rows)
+        signal = sum(r["groups/trained"] for r in rows)
+        wrong = sum(r.get("groups/local_all_wrong", float("nan")) for r in rows)
+        reward = sum(r["reward/mean"] * r["groups/local"] for r in rows) / n
+        tags = sum(r["rollout/answer_tag_rate"] * r["groups/local"] for r in rows) / n
         seconds = time.monotonic() - t0
         print(
             f"| {name} | {n} | {signal / n:.0%} | {wrong / n:.0%} | {reward:.3f} | {tags:.0%} "

@@ -28,7 +28,7 @@ OUT/report.json:
 - bans: how often each node was banned by another (``peer banned`` log lines);
 - nodes left unable to publish: no group of it accepted by any other node in the last
   tenth (groups made faster than the receivers' rate are dropped by design, counted as
-  ``groups_unsent``, and are not that).
+  ``net/unsent`` in metrics.jsonl, and are not that).
 
 Exit status 0 when every target holds (0 survivor crashes, RSS growth at most
 ``--max-rss-growth`` %, every restart resumed, no node left unable to publish, every
@@ -63,6 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from sapo_node.metrics import upgrade  # noqa: E402
 from sapo_node.net import identity  # noqa: E402
 from sapo_node.pool import PoolError, summary  # noqa: E402
 from tests.support.swarm import free_port  # noqa: E402
@@ -221,7 +222,7 @@ class Node:
         with contextlib.suppress(FileNotFoundError):
             for line in path.read_text().splitlines():
                 with contextlib.suppress(ValueError):
-                    r = json.loads(line)
+                    r = upgrade(json.loads(line))
                     self.records.setdefault((r["round"], r["time"]), r)
 
     def sample(self, now: float) -> None:
@@ -492,12 +493,12 @@ class Soak:
             )
             rss["samples"] = [[s[0], round(s[1], 1), round(s[2], 1), s[3]] for s in n.rss]
             tail = recs[-LAST_ROUNDS:]
-            published = sum(r["groups_published"] for r in recs)
+            published = sum(r["net/published"] for r in recs)
             got = received_from.get(n.name, Counter())
             # Unable to publish: nothing of it reached the others lately. Unsent groups
             # alone are not that: a node that makes groups faster than the receivers' rate
             # limit (tiny models, short completions) fills its queue and drops the excess
-            # by design (groups_unsent), while the others still get its groups at the rate.
+            # by design (net/unsent), while the others still get its groups at the rate.
             problems = []
             if len(self.nodes) > 1 and recent_from.get(n.name, 0) == 0:
                 problems.append("no other node accepted a group of it in the last tenth")
@@ -509,15 +510,15 @@ class Soak:
                 "last_round": max((r["round"] for r in recs), default=None),
                 "rounds_run": len(recs),
                 "groups_published": published,
-                "groups_unsent": sum(r["groups_unsent"] for r in recs),
-                "groups_received": sum(r["groups_received"] for r in recs),
-                "groups_accepted": sum(r["groups_accepted"] for r in recs),
+                "groups_unsent": sum(r["net/unsent"] for r in recs),
+                "groups_received": sum(r["net/received"] for r in recs),
+                "groups_accepted": sum(r["net/accepted"] for r in recs),
                 "received_by_others": dict(got),
                 "accepted_by_others_last_tenth": recent_from.get(n.name, 0),
                 "delivery_ratio": round(sum(got.values()) / (published * (len(self.nodes) - 1)), 3)
                 if published and len(self.nodes) > 1
                 else None,
-                "peers_last_rounds": [r["peers"] for r in tail],
+                "peers_last_rounds": [r["net/peers"] for r in tail],
                 "banned_by_others": bans.get(n.name, []),
                 "unable_to_publish": problems,
                 "stop_exit_code": self.stop_codes.get(n.name),

@@ -13,19 +13,21 @@ from sapo_node.stats import bootstrap_interval, sign_flip_p, smallest_p, wilson_
 
 
 def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], rounds: int):
-    """One node's figures from its metrics rows and evaluations."""
+    """One node's figures from its metrics rows (in the current names: read_metrics)
+    and evaluations. The figures' names are the analysis's own, kept in results.json
+    whatever the rows call them."""
     done = [r for r in rows if r["round"] < rounds]
     by_round = {int(e["round"]): e for e in evals}
     start, end = by_round.get(0), by_round.get(rounds)
     return {
         "rounds": len(done),
-        "cumulative_reward": sum(r["reward_mean"] for r in done),
-        "rewards": [r["reward_mean"] for r in sorted(done, key=lambda r: r["round"])],
+        "cumulative_reward": sum(r["reward/mean"] for r in done),
+        "rewards": [r["reward/mean"] for r in sorted(done, key=lambda r: r["round"])],
         "format_rates": [
-            r.get("answer_tag_rate", 0.0) for r in sorted(done, key=lambda r: r["round"])
+            r.get("rollout/answer_tag_rate", 0.0) for r in sorted(done, key=lambda r: r["round"])
         ],
-        "new_tokens": sum(r.get("new_tokens", 0) for r in done),
-        "node_seconds": sum(r.get("t_round", 0.0) for r in done),
+        "new_tokens": sum(r.get("rollout/new_tokens", 0) for r in done),
+        "node_seconds": sum(r.get("phase_s/round", 0.0) for r in done),
         "eval_start": _eval_brief(start),
         "eval_end": _eval_brief(end),
         "evals": [_eval_brief(by_round[k]) | {"round": k} for k in sorted(by_round)],
@@ -66,10 +68,10 @@ def mechanism_sums(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     for r in rows:
         for side in ("local", "external"):
             for kind in OUTCOMES:
-                out[f"{side}_{kind}"] += r.get(f"{side}_groups_{kind}", 0)
-        n = r.get("external_groups", 0)
-        if r.get("external_reward_mean") is not None:
-            out["external_reward"] += r["external_reward_mean"] * n
+                out[f"{side}_{kind}"] += r.get(f"groups/{side}_{kind}", 0)
+        n = r.get("groups/external", 0)
+        if r.get("reward/external_mean") is not None:
+            out["external_reward"] += r["reward/external_mean"] * n
             out["external_reward_groups"] += n
         if r.get("train/grad_clipped") is not None:
             out["steps"] += r["train/steps"]
@@ -77,8 +79,8 @@ def mechanism_sums(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         if r.get("train/grad_norm_max") is not None:
             out["grad_norm"] += r["train/grad_norm_max"]
             out["grad_norm_rounds"] += 1
-        if r.get("external_age_rounds") is not None:
-            out["age_rounds"] += r["external_age_rounds"] * n
+        if r.get("groups/external_age_rounds") is not None:
+            out["age_rounds"] += r["groups/external_age_rounds"] * n
             out["age_groups"] += n
     return out
 

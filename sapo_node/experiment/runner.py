@@ -233,7 +233,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                     node.save()
                 progress(
                     f"{a.label} node {indices[nodes.index(node)]} round {r}: "
-                    f"reward {record['reward_mean']:.3f} ({record['t_round']:.1f} s)"
+                    f"reward {record['reward/mean']:.3f} ({record['phase_s/round']:.1f} s)"
                 )
             if stop.is_set():
                 return False

@@ -8,7 +8,7 @@ the model. The node talks to it through bounded queues:
   never waits for the network. The child takes the next message only when this node is
   within the per-author rate its peers enforce and every peer's send queue has room
   (backpressure); when the queue is full because the swarm cannot keep up, a message
-  is not shared, and that is counted (``publish_dropped``, ``groups_unsent``) and
+  is not shared, and that is counted (``publish_dropped``, the metric ``net/unsent``) and
   logged, never silent;
 - received messages land in an :class:`~sapo_node.net.Inbox`, bounded per author.
 

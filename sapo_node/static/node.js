@@ -39,38 +39,38 @@
     const kind = (c) => c.box.querySelector("svg").setAttribute("data-kind", "round");
     Object.entries(charts).forEach(([k, c]) => { if (k !== "eval") kind(c); });
     charts.reward.draw(x, [
-      { name: "round", values: s.reward_mean, width: 1, opacity: 0.55 },
+      { name: "round", values: s["reward/mean"], width: 1, opacity: 0.55 },
       { name: `moving average (${h.window})`, values: s.reward_ma, width: 2.5 },
-      { name: "peers' groups (scored here)", values: s.external_reward_mean, width: 1, dash: "3 3" },
+      { name: "peers' groups (scored here)", values: s["reward/external_mean"], width: 1, dash: "3 3" },
     ]);
-    charts.cumulative.draw(x, [{ name: "cumulative reward", values: s.cumulative_reward, width: 2 }]);
+    charts.cumulative.draw(x, [{ name: "cumulative reward", values: s["reward/cumulative"], width: 2 }]);
     const e = h.eval;
     charts.eval.draw(e.round, [
       { name: "pass@1", values: e.pass1, width: 2, dots: true },
       { name: "greedy", values: e.greedy, width: 2, dots: true },
     ]);
     charts.eval.box.querySelector("svg").setAttribute("data-kind", "eval");
-    charts.format.draw(x, [{ name: "answer tags", values: s.answer_tag_rate }]);
-    charts.levels.draw(x, byPrefix(s, "level/"));
-    const phases = ["t_generate", "t_score", "t_screen", "t_train", "t_eval"].filter((k) => k in s);
+    charts.format.draw(x, [{ name: "answer tags", values: s["rollout/answer_tag_rate"] }]);
+    charts.levels.draw(x, byPrefix(s, "family_level/"));
+    const phases = ["generate", "score", "screen", "train", "eval"].filter((p) => `phase_s/${p}` in s);
     charts.time.draw(x, [
-      ...phases.map((k) => ({ name: k.slice(2), values: s[k] })),
-      { name: "round", values: s.t_round, width: 1, dash: "4 3", color: "#888" },
+      ...phases.map((p) => ({ name: p, values: s[`phase_s/${p}`] })),
+      { name: "round", values: s["phase_s/round"], width: 1, dash: "4 3", color: "#888" },
     ]);
-    charts.speed.draw(x, [{ name: "tokens/s", values: s.tokens_per_s }]);
+    charts.speed.draw(x, [{ name: "tokens/s", values: s["rollout/tokens_per_s"] }]);
     charts.memory.draw(x, [
-      { name: "peak RSS", values: s.peak_rss_mb },
-      { name: "peak GPU", values: s.peak_gpu_mb },
+      { name: "peak RSS", values: s["memory/peak_rss_mb"] },
+      { name: "peak GPU", values: s["memory/peak_gpu_mb"] },
     ]);
     charts.swarm.draw(x, [
-      { name: "peers", values: s.peers, width: 2 },
-      { name: "received", values: s.groups_received },
-      { name: "accepted", values: s.groups_accepted },
-      { name: "refused", values: s.groups_rejected, color: "#e11d48" },
-      { name: "trained on", values: s.external_groups, dash: "3 3" },
+      { name: "peers", values: s["net/peers"], width: 2 },
+      { name: "received", values: s["net/received"] },
+      { name: "accepted", values: s["net/accepted"] },
+      { name: "refused", values: s["net/rejected"], color: "#e11d48" },
+      { name: "trained on", values: s["groups/external"], dash: "3 3" },
     ]);
-    charts.pool.draw(x, [{ name: "groups in the pool", values: s.pool_size }]);
-    charts.age.draw(x, [{ name: "mean age (s)", values: s.external_age_s }]);
+    charts.pool.draw(x, [{ name: "groups in the pool", values: s["pool/groups"] }]);
+    charts.age.draw(x, [{ name: "mean age (s)", values: s["groups/external_age_s"] }]);
     const thinned = h.shown < h.rounds ? ` (${h.shown} of ${h.rounds} rounds drawn, evenly spaced)` : "";
     $("about").dataset.rounds = h.rounds;
     aboutHistory = `${h.rounds} rounds in metrics.jsonl${thinned}`;
@@ -79,17 +79,17 @@
 
   function nodeFacts(f) {
     const r = f.last_round, e = f.last_eval;
-    const levels = r ? Object.entries(r).filter(([k]) => k.startsWith("level/"))
-      .map(([k, v]) => `${k.slice(6).replace(/^.*[:.]/, "")} ${v}`).join(", ") : "";
+    const levels = r ? Object.entries(r).filter(([k]) => k.startsWith("family_level/"))
+      .map(([k, v]) => `${k.slice("family_level/".length).replace(/^.*[:.]/, "")} ${v}`).join(", ") : "";
     return [
       ["rounds done", String(f.round), `now: ${f.phase}`],
-      ["last round", r ? duration(r.ago_s) + " ago" : "none yet", r ? `took ${fmt(r.t_round, 1)} s` : ""],
-      ["reward", r ? fmt(r.reward_mean, 3) : "–", "last round, own completions"],
+      ["last round", r ? duration(r.ago_s) + " ago" : "none yet", r ? `took ${fmt(r["phase_s/round"], 1)} s` : ""],
+      ["reward", r ? fmt(r["reward/mean"], 3) : "–", "last round, own completions"],
       ["cumulative reward", fmt(f.cumulative_reward, 2), ""],
       ["held-out", e ? `${fmt(e.pass1, 3)} / ${fmt(e.greedy, 3)}` : "–", e ? `pass@1 / greedy, round ${e.round}` : "no evaluation yet"],
-      ["answer format", r ? fmt(r.answer_tag_rate, 2) : "–", levels ? "levels: " + levels : ""],
-      ["generation", r ? fmt(r.tokens_per_s) + " tok/s" : "–", r ? `gen ${fmt(r.t_generate, 1)} · score ${fmt(r.t_score, 1)} · train ${fmt(r.t_train, 1)} s` : ""],
-      ["pool", `${f.pool.groups} groups`, `${fmt(f.pool.mb, 1)} MiB` + (r && r.external_age_s !== undefined ? ` · trained on ${fmt(r.external_age_s, 1)} s old` : "")],
+      ["answer format", r ? fmt(r["rollout/answer_tag_rate"], 2) : "–", levels ? "levels: " + levels : ""],
+      ["generation", r ? fmt(r["rollout/tokens_per_s"]) + " tok/s" : "–", r ? `gen ${fmt(r["phase_s/generate"], 1)} · score ${fmt(r["phase_s/score"], 1)} · train ${fmt(r["phase_s/train"], 1)} s` : ""],
+      ["pool", `${f.pool.groups} groups`, `${fmt(f.pool.mb, 1)} MiB` + (r && r["groups/external_age_s"] !== undefined ? ` · trained on ${fmt(r["groups/external_age_s"], 1)} s old` : "")],
     ];
   }
 

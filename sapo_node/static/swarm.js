@@ -32,10 +32,10 @@
         el("td", { class: "peer", title: n.peer_id }, shortPeer(n.peer_id)),
         el("td", {}, n.state + (n.healthy === false ? " (unhealthy)" : "")),
         el("td", { class: "num" }, String(n.rounds)),
-        el("td", { class: "num" }, fmt(r.reward_mean, 3)),
-        el("td", { class: "num" }, fmt(r.cumulative_reward, 2)),
-        el("td", { class: "num" }, r.peers === undefined ? "–" : String(r.peers)),
-        el("td", { class: "num" }, r.pool_size === undefined ? "–" : String(r.pool_size)));
+        el("td", { class: "num" }, fmt(r["reward/mean"], 3)),
+        el("td", { class: "num" }, fmt(r["reward/cumulative"], 2)),
+        el("td", { class: "num" }, r["net/peers"] === undefined ? "–" : String(r["net/peers"])),
+        el("td", { class: "num" }, r["pool/groups"] === undefined ? "–" : String(r["pool/groups"])));
     }));
   }
 
@@ -69,7 +69,7 @@
       const window_ = s.nodes.length ? s.nodes[0].history.window : 10;
       charts.ma.box.querySelector("h3").textContent = `Reward, moving average (${window_} rounds), per node`;
       charts.ma.draw(...overlay(s.nodes, "reward_ma"));
-      charts.cumulative.draw(...overlay(s.nodes, "cumulative_reward"));
+      charts.cumulative.draw(...overlay(s.nodes, "reward/cumulative"));
       drawMatrix(s.nodes, s.links);
       $("about").textContent = `updated ${new Date().toLocaleTimeString()}`;
     } catch (err) {

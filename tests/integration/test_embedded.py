@@ -34,7 +34,7 @@ def test_embedded_model_runs_two_rounds_and_resumes(tmp_path: Path) -> None:
     assert (tmp_path / "models" / "smollm2-135m-instruct" / "model.safetensors").is_file()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [0, 1]
-    assert all(r["new_tokens"] > 0 and 0 <= r["reward_mean"] <= 1 for r in rows)
+    assert all(r["rollout/new_tokens"] > 0 and 0 <= r["reward/mean"] <= 1 for r in rows)
     ready = [json.loads(x) for x in first.stderr.splitlines() if '"node ready"' in x]
     assert ready and ready[0]["model"] == "embedded" and ready[0]["device"] == "cpu"
 

@@ -88,16 +88,16 @@ def test_experiment_runs_stops_resumes_and_reports(
             assert [r["round"] for r in rows] == [0, 1]
             assert [e["round"] for e in _rows(d / "eval.jsonl")] == [0, 2]
             assert json.loads((d / "node.json").read_text())["seed"] == node_seed(spec, i)
-            assert {r["local_groups"] + r["external_groups"] for r in rows} == {4}
+            assert {r["groups/local"] + r["groups/external"] for r in rows} == {4}
     # sharing happened over the wire: nodes with J > 0 trained on peers' groups
     late = [
         _rows(out / d / f"node-{i}" / "metrics.jsonl")[1]
         for d in ("3-1", "2-2", "1-3")
         for i in range(2)
     ]
-    assert all(r["groups_accepted"] > 0 and r["bytes_in"] > 0 for r in late)
-    assert sum(r["external_groups"] for r in late) > 0
-    assert _rows(out / "4-0" / "node-0" / "metrics.jsonl")[1]["external_groups"] == 0
+    assert all(r["net/accepted"] > 0 and r["net/bytes_in"] > 0 for r in late)
+    assert sum(r["groups/external"] for r in late) > 0
+    assert _rows(out / "4-0" / "node-0" / "metrics.jsonl")[1]["groups/external"] == 0
 
     results = json.loads((out / "results.json").read_text())
     confs = {c["label"]: c for c in results["configurations"]}
@@ -105,7 +105,7 @@ def test_experiment_runs_stops_resumes_and_reports(
     assert confs["4/0"]["ratio"] == pytest.approx(1.0)
     for label, c in confs.items():
         total = sum(
-            r["reward_mean"]
+            r["reward/mean"]
             for i in range(2)
             for r in _rows(out / label.replace("/", "-") / f"node-{i}" / "metrics.jsonl")
         )
@@ -178,8 +178,8 @@ def test_a_solver_member_shares_checked_groups_that_the_nodes_train_on(
         plain = _rows(out / "2-2" / f"node-{i}" / "metrics.jsonl")
         # the solver's 3 groups arrive besides the other node's 4 (its pool was empty in
         # round 0, so it made all 4 of its groups itself); round 0 sees nothing
-        assert [r["groups_accepted"] for r in rows] == [0, 7]
-        assert [r["groups_accepted"] for r in plain] == [0, 4]
+        assert [r["net/accepted"] for r in rows] == [0, 7]
+        assert [r["net/accepted"] for r in plain] == [0, 4]
         pool = Pool(solver_dir / f"node-{i}" / "pool.sqlite3")
         counts = pool.counts()
         pool.close()

@@ -64,8 +64,8 @@ def test_received_groups_are_rescored_and_trained_on(receiver: Node) -> None:
     assert _send(receiver, _shared(1, ("7", "7", "7", "7"))) == "accepted"  # no signal
     record = receiver.run_round(0)
     # paper sampling: the group without signal is skipped, one slot is filled locally
-    assert record["external_groups"] == 1
-    assert record["local_groups"] == 3
+    assert record["groups/external"] == 1
+    assert record["groups/local"] == 3
     assert record["train/sequences"] >= 4
 
 
@@ -92,7 +92,7 @@ def test_two_nodes_share_through_the_wire_and_a_restart_keeps_the_pool(
     sender.transport = hub.join("a")
     try:
         record = sender.run_round(0)
-        assert record["groups_published"] == 3 and record["peers"] == 1
+        assert record["net/published"] == 3 and record["net/peers"] == 1
     finally:
         sender.close()
     outbox = [m.data for m in listener.received()]
@@ -110,7 +110,7 @@ def test_two_nodes_share_through_the_wire_and_a_restart_keeps_the_pool(
         assert receiver.receive(outbox[0], "a").reason == "duplicate"  # remembered too
         receiver.pool.sampling = "uniform"
         record = receiver.run_round(0)
-        assert record["external_groups"] == 3 and record["local_groups"] == 1
+        assert record["groups/external"] == 3 and record["groups/local"] == 1
         assert len(receiver.pool) == 0
     finally:
         receiver.close()
@@ -203,7 +203,7 @@ def test_a_pool_that_cannot_write_or_read_loses_no_round(receiver: Node, monkeyp
     assert (verdict.outcome, verdict.reason) == ("ignored", "pool_unavailable")
     monkeypatch.setattr(type(receiver.pool), "sample", full)
     record = receiver.run_round(0)  # J slots are filled with own groups
-    assert record["external_groups"] == 0 and record["local_groups"] == 4
+    assert record["groups/external"] == 0 and record["groups/local"] == 4
 
 
 def test_the_round_takes_in_what_the_transport_received_and_penalises_liars(
@@ -216,11 +216,11 @@ def test_the_round_takes_in_what_the_transport_received_and_penalises_liars(
     liar.publish(wire.encode(dataclasses.replace(_shared(6, ("7", "x")), question="Lie.")))
     liar.publish(b"\xc1 not msgpack")
     record = receiver.run_round(0)
-    assert record["groups_received"] == 3 and record["groups_accepted"] == 1
-    assert record["groups_rejected"] == 2 and record["external_groups"] == 1
+    assert record["net/received"] == 3 and record["net/accepted"] == 1
+    assert record["net/rejected"] == 2 and record["groups/external"] == 1
     assert receiver.transport.penalised == ["liar", "liar"]
     assert receiver.pool.counts()["liar"] == {"question_mismatch": 1, "malformed": 1}
-    assert record["peers"] == 2 and record["groups_published"] == 3
+    assert record["net/peers"] == 2 and record["net/published"] == 3
     assert [m.author for m in honest.received()].count("me") == 3  # its own groups, shared
 
 
@@ -242,7 +242,7 @@ def test_publish_choice_signal_shares_only_groups_with_signal(
     finally:
         node.close()
     shared = [wire.decode(m.data) for m in listener.received()]
-    assert record["groups_published"] == len(shared) <= 4
+    assert record["net/published"] == len(shared) <= 4
     assert all(len(set(g.completions)) > 1 for g in shared)  # equal texts score equal
 
 
@@ -296,8 +296,8 @@ def test_a_round_records_the_age_of_the_external_groups_it_trained_on(receiver: 
     )
     assert _send(receiver, old) == "accepted"
     record = receiver.run_round(0)
-    assert record["external_groups"] == 1
-    assert 119 <= record["external_age_s"] <= record["external_age_s_max"] < 200
+    assert record["groups/external"] == 1
+    assert 119 <= record["groups/external_age_s"] <= record["groups/external_age_s_max"] < 200
 
 
 def test_groups_older_than_the_pool_keeps_are_refused(receiver: Node) -> None:
@@ -349,7 +349,7 @@ def test_every_peer_group_is_accounted_for_by_outcome(receiver: Node) -> None:
     later = time.time() + receiver.pool.max_age_s + 10
     receiver.pool.clock = lambda: later  # the accepted group ages out before any round
     record = receiver.run_round(0)
-    assert record["external_groups"] == 0
+    assert record["groups/external"] == 0
     outcomes = {"too_old": 1, "accepted": 1, "duplicate": 1, "expired": 1}
     assert {k: v for k, v in record.items() if k.startswith("peer_groups/")} == {
         f"peer_groups/{k}": v for k, v in outcomes.items()

@@ -51,7 +51,7 @@ def test_nodes_with_other_tokenizers_train_on_each_others_text(
         for r in range(3):
             records = [node.run_round(r) for node in (chars, bpe)]
         # each trained on the other's groups
-        assert all(r["external_groups"] > 0 and r["train/sequences"] > 0 for r in records)
+        assert all(r["groups/external"] > 0 and r["train/sequences"] > 0 for r in records)
         # what it trains on: the groups left in its pool, and the peer's last round
         cases = {"whole": 0, "cut": 0}
         for me, name in ((chars, "bpe"), (bpe, "chars")):

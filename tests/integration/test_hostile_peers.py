@@ -224,4 +224,4 @@ def test_the_node_keeps_training_after_the_table(node) -> None:
     for _, make, _, _ in TABLE:
         node.receive(make(), "peer-again")
     record = node.run_round(0)
-    assert record["external_groups"] == 2 and record["train/sequences"] > 0
+    assert record["groups/external"] == 2 and record["train/sequences"] > 0

@@ -33,23 +33,23 @@ def test_reward_rises_within_a_few_rounds(tiny_model_dir: Path, tmp_path: Path) 
     finally:
         node.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward_mean"] for r in rows]
+    rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:2]) / 2, sum(rewards[-3:]) / 3
     assert first < 0.1, rewards
     assert last > 0.5 and last > 5 * first, rewards
-    assert rows[-1]["cumulative_reward"] > sum(rewards) - 1e-6
+    assert rows[-1]["reward/cumulative"] > sum(rewards) - 1e-6
     for key in (
         "round",
-        "reward_mean",
-        "cumulative_reward",
-        "local_groups",
-        "external_groups",
-        "t_generate",
-        "t_score",
-        "t_train",
-        "t_round",
-        "tokens_per_s",
-        "peak_rss_mb",
+        "reward/mean",
+        "reward/cumulative",
+        "groups/local",
+        "groups/external",
+        "phase_s/generate",
+        "phase_s/score",
+        "phase_s/train",
+        "phase_s/round",
+        "rollout/tokens_per_s",
+        "memory/peak_rss_mb",
     ):
         assert key in rows[0]
     assert (tmp_path / "checkpoints" / "LATEST").read_text().strip() == "round-000012"

@@ -57,15 +57,15 @@ def test_a_generating_member_shares_and_never_learns(tiny_model_dir: Path, tmp_p
             learned.append(learner.run_round(r))
             member.round = learner.round = r + 1
         # it made all I + J groups itself, shared them, trained on nothing
-        assert [x["local_groups"] for x in rows] == [4, 4, 4]
-        assert [x["external_groups"] for x in rows] == [0, 0, 0]
-        assert [x["groups_published"] for x in rows] == [4, 4, 4]
+        assert [x["groups/local"] for x in rows] == [4, 4, 4]
+        assert [x["groups/external"] for x in rows] == [0, 0, 0]
+        assert [x["net/published"] for x in rows] == [4, 4, 4]
         assert all(x["train/sequences"] == 0 and x["train/tokens"] == 0 for x in rows)
-        assert all(0.0 <= x["reward_mean"] <= 1.0 for x in rows)
+        assert all(0.0 <= x["reward/mean"] <= 1.0 for x in rows)
         # it drained what the learner sent, unchecked and unkept
-        sent = [x["groups_published"] for x in learned]
-        assert [x["groups_received"] for x in rows] == [0, *sent[:2]] and sent[0] > 0
-        assert all(x["groups_accepted"] == x["groups_rejected"] == 0 for x in rows)
+        sent = [x["net/published"] for x in learned]
+        assert [x["net/received"] for x in rows] == [0, *sent[:2]] and sent[0] > 0
+        assert all(x["net/accepted"] == x["net/rejected"] == 0 for x in rows)
         assert len(member.pool) == 0  # it took nothing in
         after = _weights(member)
         assert all(torch.equal(before[k], after[k]) for k in before)
@@ -84,7 +84,7 @@ def test_a_generating_member_shares_and_never_learns(tiny_model_dir: Path, tmp_p
     try:
         again.resume()
         assert again.round == 3 and again.cumulative_reward == pytest.approx(
-            sum(x["reward_mean"] for x in rows)
+            sum(x["reward/mean"] for x in rows)
         )
     finally:
         again.close()
@@ -145,8 +145,8 @@ def test_a_file_a_program_and_a_generating_member_reach_a_learning_node(
             alive=(learner, member),
         ), (accepted(), learner.tail(), member.tail())
         rows = member.records()
-        assert rows and all(r["external_groups"] == 0 and r["train/sequences"] == 0 for r in rows)
-        assert sum(r["groups_published"] for r in rows) >= 4
+        assert rows and all(r["groups/external"] == 0 and r["train/sequences"] == 0 for r in rows)
+        assert sum(r["net/published"] for r in rows) >= 4
     finally:
         codes = stop_all(learner, member, timeout=30)
     assert codes == [0, 0], (learner.tail(), member.tail())

@@ -70,7 +70,7 @@ def _accepted(data_dir: Path) -> int:
         lines = (data_dir / "metrics.jsonl").read_text().splitlines()
     except FileNotFoundError:
         return 0
-    return sum(json.loads(x).get("groups_accepted", 0) for x in lines if x.startswith("{"))
+    return sum(json.loads(x).get("net/accepted", 0) for x in lines if x.startswith("{"))
 
 
 def test_the_readme_two_nodes_start_and_b_takes_a_groups(

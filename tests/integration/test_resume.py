@@ -39,13 +39,13 @@ def test_stop_and_resume_equals_an_uninterrupted_run(
     resumed = _run(tiny_model_dir, tmp_path / "resumed", 5, lora)
     keys = (
         "round",
-        "reward_mean",
-        "new_tokens",
+        "reward/mean",
+        "rollout/new_tokens",
         "train/sequences",
-        "level/" + ("tests.support.families:Sevens"),
+        "family_level/" + ("tests.support.families:Sevens"),
     )
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in straight]
-    assert resumed[-1]["cumulative_reward"] == pytest.approx(straight[-1]["cumulative_reward"])
+    assert resumed[-1]["reward/cumulative"] == pytest.approx(straight[-1]["reward/cumulative"])
 
 
 def test_a_full_model_checkpoint_does_not_load_into_a_lora_node(

@@ -64,15 +64,15 @@ def _expected(groups: list[Group], r: int) -> dict:
     own = [g for g in groups if g.origin == "local"]
     theirs = [g for g in groups if g.origin != "local"]
     out: dict = {}
-    for side, gs in (("local_groups", own), ("external_groups", theirs)):
+    for side, gs in (("groups/local", own), ("groups/external", theirs)):
         out[side] = len(gs)
         for kind in KINDS:
             out[f"{side}_{kind}"] = sum(_kind(g.rewards) == kind for g in gs)
     rewards = [x for g in theirs for x in g.rewards]
-    out["external_reward_mean"] = sum(rewards) / len(rewards) if rewards else None
+    out["reward/external_mean"] = sum(rewards) / len(rewards) if rewards else None
     ages = [r - g.pooled.received_round for g in theirs]
-    out["external_age_rounds"] = sum(ages) / len(ages) if ages else None
-    out["external_age_rounds_max"] = max(ages) if ages else None
+    out["groups/external_age_rounds"] = sum(ages) / len(ages) if ages else None
+    out["groups/external_age_rounds_max"] = max(ages) if ages else None
     return out
 
 
@@ -108,24 +108,30 @@ def test_two_sharing_nodes_record_what_they_trained_on(
         steps = 0
         for r, (rec, groups) in enumerate(pairs):
             want = _expected(groups, r)
-            for side in ("local_groups", "external_groups"):
+            for side in ("groups/local", "groups/external"):
                 assert sum(rec[f"{side}_{k}"] for k in KINDS) == rec[side] == want[side]
                 for kind in KINDS:
                     assert rec[f"{side}_{kind}"] == want[f"{side}_{kind}"], (name, r, side)
             assert (
-                rec["local_groups_signal"] + rec["external_groups_signal"]
-                == (rec["groups_trained"])
+                rec["groups/local_signal"] + rec["groups/external_signal"]
+                == (rec["groups/trained"])
             )
-            if want["external_groups"]:
+            if want["groups/external"]:
                 external_rounds += 1
-                assert rec["external_reward_mean"] == pytest.approx(want["external_reward_mean"])
-                assert rec["external_age_rounds"] == pytest.approx(want["external_age_rounds"])
-                assert rec["external_age_rounds_max"] == want["external_age_rounds_max"]
+                assert rec["reward/external_mean"] == pytest.approx(want["reward/external_mean"])
+                assert rec["groups/external_age_rounds"] == pytest.approx(
+                    want["groups/external_age_rounds"]
+                )
+                assert (
+                    rec["groups/external_age_rounds_max"] == want["groups/external_age_rounds_max"]
+                )
                 # a group enters the pool at the start of a round, or between two rounds
                 assert all(0 <= g.pooled.received_round <= r for g in groups if g.pooled)
             else:
-                assert rec["external_reward_mean"] is None
-                assert "external_age_rounds" not in rec and "external_age_s" not in rec
+                assert rec["reward/external_mean"] is None
+                assert (
+                    "groups/external_age_rounds" not in rec and "groups/external_age_s" not in rec
+                )
             if rec["train/steps"]:
                 steps += 1
                 norm = rec["train/grad_norm_max"]
@@ -173,11 +179,11 @@ def test_peers_groups_of_every_outcome_are_counted_and_aged_in_rounds(
         rec = node.run_round(3)
     finally:
         node.close()
-    assert rec["external_groups"] == 3
-    assert [rec[f"external_groups_{k}"] for k in KINDS] == [1, 1, 1]
-    assert rec["external_reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
-    assert rec["external_age_rounds"] == rec["external_age_rounds_max"] == 2
-    assert 0 <= rec["external_age_s"] < 60
+    assert rec["groups/external"] == 3
+    assert [rec[f"groups/external_{k}"] for k in KINDS] == [1, 1, 1]
+    assert rec["reward/external_mean"] == pytest.approx(sum(rewards) / len(rewards))
+    assert rec["groups/external_age_rounds"] == rec["groups/external_age_rounds_max"] == 2
+    assert 0 <= rec["groups/external_age_s"] < 60
 
 
 def test_a_skipped_step_records_no_norm_and_still_serialises(

@@ -163,6 +163,24 @@ def test_the_live_page_in_a_real_browser(tmp_path: Path, tiny_model_dir: Path, c
             "s.querySelectorAll('path[data-series]').length])"
         )
         assert all(points == first and paths >= 1 for _, points, paths in counts), counts
+        # the series the page names are the record's (metrics.py): each is drawn, not empty
+        drawn = browser.evaluate(
+            "Object.fromEntries([...document.querySelectorAll('svg[data-kind=round] "
+            "path[data-series]')].map(p => [p.closest('svg').dataset.chart + ':' + "
+            "p.dataset.series, p.getAttribute('d') !== '']))"
+        )
+        named = (
+            "reward:round", "cumulative:cumulative reward", "format:answer tags",
+            "time:generate", "time:score", "time:train", "time:round", "speed:tokens/s",
+            "memory:peak RSS", "swarm:peers", "pool:groups in the pool",
+        )  # fmt: skip
+        for name in named:
+            assert drawn.get(name), (name, drawn)
+        assert any(k.startswith("levels:") and v for k, v in drawn.items()), drawn
+        shown = browser.evaluate("document.getElementById('facts').textContent")
+        for part in ("took ", "gen ", "score ", "train "):  # fmt gives – for a missing key
+            assert part in shown and part + "–" not in shown, shown
+        assert "– tok/s" not in shown and "trained on –" not in shown, shown
         evals = browser.evaluate("+document.querySelector('svg[data-chart=eval]').dataset.points")
         assert evals == first // 3
 

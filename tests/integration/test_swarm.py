@@ -29,11 +29,11 @@ def nodes(tmp_path: Path, tiny_model_dir: Path, request):
 
 
 def _trained_with_peers(node: NodeProcess, after_round: int = -1) -> bool:
-    return any(r["external_groups"] > 0 and r["round"] > after_round for r in node.records())
+    return any(r["groups/external"] > 0 and r["round"] > after_round for r in node.records())
 
 
 def _received(node: NodeProcess, after_round: int = -1) -> int:
-    return sum(r["groups_received"] for r in node.records() if r["round"] > after_round)
+    return sum(r["net/received"] for r in node.records() if r["round"] > after_round)
 
 
 def _round(node: NodeProcess) -> int:
@@ -53,8 +53,8 @@ def test_three_nodes_train_on_each_others_groups(nodes) -> None:
         lambda: all(_trained_with_peers(n) for n in (a, b, c)), 150, alive=(a, b, c)
     ), _logs(a, b, c)
     for n in (a, b, c):
-        assert max(r["peers"] for r in n.records()) >= 1
-        assert sum(r["groups_accepted"] for r in n.records()) > 0
+        assert max(r["net/peers"] for r in n.records()) >= 1
+        assert sum(r["net/accepted"] for r in n.records()) > 0
     assert stop_all(a, b, c) == [0] * 3, _logs(a, b, c)
 
 
@@ -95,7 +95,7 @@ def test_a_chain_whose_middle_dies_heals(nodes) -> None:
         a, b, c
     )
     # a and c learn of each other beyond their bootstrap lists (the DHT), before b dies
-    assert wait_until(lambda: a.records()[-1]["peers"] >= 2, 90, alive=(a, b, c)), _logs(a, c)
+    assert wait_until(lambda: a.records()[-1]["net/peers"] >= 2, 90, alive=(a, b, c)), _logs(a, c)
     b.kill()
     a_round, c_round = _round(a), _round(c)
     assert wait_until(

@@ -125,7 +125,7 @@ def test_a_local_swarm_of_two_runs_its_rounds_and_shows_one_view(
 
     records = [_metrics(base / f"node-{i}" / "metrics.jsonl") for i in range(2)]
     assert [[r["round"] for r in recs] for recs in records] == [[0, 1], [0, 1]]
-    assert max(r.get("peers", 0) for recs in records for r in recs) >= 1, logs
+    assert max(r.get("net/peers", 0) for recs in records for r in recs) >= 1, logs
     for i in range(2):
         node = base / f"node-{i}"
         assert f"--listen /ip4/127.0.0.1/tcp/{port + i}" in (node / "node.log").read_text()

@@ -23,8 +23,13 @@ def _swarm(tmp_path: Path) -> tuple[sw.Swarm, sw.SwarmView]:
         c.spec.data_dir.mkdir(parents=True)
         with c.spec.metrics_path.open("w") as f:
             for r in range(5 + i):  # node-1 has one round more
-                rec = {"round": r, "time": 1.0, "reward_mean": 0.1 * r, "cumulative_reward": r}
-                f.write(json.dumps(rec | {"peers": 1, "pool_size": 3}) + "\n")
+                if i == 0 and r < 3:  # node-0 resumed on a file in the names before 0.3.0
+                    rec = {"round": r, "time": 1.0, "reward_mean": 0.1 * r, "cumulative_reward": r}
+                    rec |= {"peers": 1, "pool_size": 3}
+                else:
+                    rec = {"round": r, "time": 1.0, "reward/mean": 0.1 * r, "reward/cumulative": r}
+                    rec |= {"net/peers": 1, "pool/groups": 3}
+                f.write(json.dumps(rec) + "\n")
     view = sw.SwarmView(swarm)
     authors = {
         "node-0": [
@@ -57,6 +62,9 @@ def test_the_swarm_json_puts_the_nodes_side_by_side(tmp_path: Path) -> None:
     assert [n["rounds"] for n in s["nodes"]] == [5, 6]
     assert s["nodes"][1]["history"]["round"] == list(range(6))
     assert s["nodes"][0]["last"]["round"] == 4
+    for n in s["nodes"]:  # the old rows of node-0 read in the current names
+        assert n["history"]["reward/mean"] == pytest.approx([0.1 * r for r in range(n["rounds"])])
+        assert n["history"]["reward/cumulative"] == list(range(n["rounds"]))
     links = {(lk["to"], lk["from"]): lk for lk in s["links"]}
     assert links[("node-0", "node-1")]["accepted"] == 7
     assert links[("node-0", "node-1")]["refused"] == 2
@@ -87,6 +95,11 @@ def test_the_swarm_page_in_a_real_browser(tmp_path: Path) -> None:
             "document.querySelectorAll('svg[data-chart=swarm-cumulative] path[data-series]').length"
         )
         assert paths == 2
+        rows = browser.evaluate(
+            "[...document.querySelectorAll('#nodes tbody tr')]"
+            ".map(r => [...r.cells].slice(4).map(c => c.textContent))"
+        )
+        assert rows == [["0.400", "4.00", "1", "3"], ["0.500", "5.00", "1", "3"]]
         cells = browser.evaluate(
             "[...document.querySelectorAll('#matrix tbody tr')].map(r => r.textContent)"
         )

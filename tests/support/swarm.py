@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sapo_node.metrics import upgrade
 from sapo_node.net import identity
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,7 +113,7 @@ class NodeProcess:
         with contextlib.suppress(FileNotFoundError):
             for line in path.read_text().splitlines():
                 with contextlib.suppress(ValueError):
-                    out.append(json.loads(line))
+                    out.append(upgrade(json.loads(line)))
         return out
 
     def alive(self) -> bool:

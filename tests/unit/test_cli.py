@@ -89,10 +89,10 @@ def test_plot_writes_pngs(tmp_path: Path) -> None:
     rows = [
         {
             "round": r,
-            "reward_mean": r / 10,
-            "cumulative_reward": r * r / 20,
-            "reward/basic_arithmetic": r / 10,
-            "level/basic_arithmetic": r // 3,
+            "reward/mean": r / 10,
+            "reward/cumulative": r * r / 20,
+            "family_reward/basic_arithmetic": r / 10,
+            "family_level/basic_arithmetic": r // 3,
         }
         for r in range(10)
     ]

@@ -32,7 +32,7 @@ def _eval(round_: int, greedy: list[int], pass1: list[float]) -> dict:
 
 def _node(rewards: list[float], end_greedy: list[int]) -> dict:
     rows = [
-        {"round": r, "reward_mean": x, "new_tokens": 10, "t_round": 2.0}
+        {"round": r, "reward/mean": x, "rollout/new_tokens": 10, "phase_s/round": 2.0}
         for r, x in enumerate(rewards)
     ]
     evals = [_eval(0, [0, 0], [0.0, 0.0]), _eval(len(rewards), end_greedy, [0.5, 0.5])]
@@ -93,7 +93,7 @@ def test_incomplete_configurations_are_marked() -> None:
     spec = ExperimentSpec.model_validate(
         {"experiment": {"nodes": 1, "rounds": 3, "grid": ["2/0", "1/1"]}}
     )
-    rows = [{"round": 0, "reward_mean": 0.5, "new_tokens": 1, "t_round": 1.0}]
+    rows = [{"round": 0, "reward/mean": 0.5, "rollout/new_tokens": 1, "phase_s/round": 1.0}]
     partial = node_summary(rows, [_eval(0, [1], [1.0])], 3)
     results = analyse(spec, {"2/0": [partial]})
     (c,) = results["configurations"]
@@ -115,18 +115,18 @@ def _row(
     signal), the peers' groups' reward and age in rounds, the round's steps and clip."""
     row = {
         "round": round_,
-        "reward_mean": 0.1,
-        "local_groups": sum(local),
-        "external_groups": sum(external),
-        "external_reward_mean": reward,
+        "reward/mean": 0.1,
+        "groups/local": sum(local),
+        "groups/external": sum(external),
+        "reward/external_mean": reward,
         "train/steps": steps,
         "train/grad_clipped": clipped,
         "train/grad_norm_max": norm,
     }
     for side, counts in (("local", local), ("external", external)):
-        row |= {f"{side}_groups_{k}": n for k, n in zip(OUTCOMES, counts, strict=True)}
+        row |= {f"groups/{side}_{k}": n for k, n in zip(OUTCOMES, counts, strict=True)}
     if age is not None:
-        row["external_age_rounds"] = age
+        row["groups/external_age_rounds"] = age
     return row
 
 
@@ -144,7 +144,7 @@ def test_the_facts_of_sharing_are_tabulated_per_half_of_the_run() -> None:
     ]
     other = [_row(0, (0, 0, 2), steps=2, clipped=0.5, norm=1.0), first[1]]  # 2 steps, 1 clipped
     shared = [node_summary(first + later, [], 4), node_summary(other + later, [], 4)]
-    old = [{"round": r, "reward_mean": 0.1} for r in range(4)]  # metrics without the facts
+    old = [{"round": r, "reward/mean": 0.1} for r in range(4)]  # metrics without the facts
     alone = [node_summary(old, [], 4) for _ in range(2)]
     results = analyse(spec, {"2/0": alone, "1/1": shared})
     json.dumps(results, allow_nan=False)

@@ -19,10 +19,11 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "sapo-node.json"
 
 def _exported() -> set[str]:
     last = {
-        "time": 1.0, "reward_mean": 0.5, "answer_tag_rate": 1.0, "tokens_per_s": 9.0,
-        "train/loss": 0.1, "reward/a": 0.5, "level/a": 1, "local_groups": 2,
-        "external_groups": 2, "groups_trained": 3, "t_generate": 1.0, "t_score": 1.0,
-        "t_train": 1.0, "t_round": 3.0, "external_age_s": 4.0,
+        "time": 1.0, "reward/mean": 0.5, "rollout/answer_tag_rate": 1.0,
+        "rollout/tokens_per_s": 9.0, "train/loss": 0.1, "family_reward/a": 0.5,
+        "family_level/a": 1, "groups/local": 2, "groups/external": 2, "groups/trained": 3,
+        "phase_s/generate": 1.0, "phase_s/score": 1.0, "phase_s/train": 1.0,
+        "phase_s/round": 3.0, "groups/external_age_s": 4.0,
     }  # fmt: skip
     net = {**dict.fromkeys(vars(NetStats()), 1), "reachability": "private", "silent_s": 1}
     facts = {

@@ -19,7 +19,12 @@ from sapo_node.status import Status, StatusServer, _loopback_host, points_of, st
 def _write(path: Path, rounds: range, **extra) -> None:
     with path.open("a") as f:
         for r in rounds:
-            rec = {"round": r, "time": 1000.0 + r, "reward_mean": r / 10, "level/a:B": r // 5}
+            rec = {
+                "round": r,
+                "time": 1000.0 + r,
+                "reward/mean": r / 10,
+                "family_level/a:B": r // 5,
+            }
             rec.update(extra)
             if r % 3 == 2:
                 rec["eval/pass1"], rec["eval/greedy"] = 0.5, 0.25
@@ -34,14 +39,14 @@ def test_history_every_round_then_thinned_with_the_true_moving_average(tmp_path:
     s = h.series(window=2)
     assert s["rounds"] == s["shown"] == 10 and s["round"] == list(range(10))
     assert s["series"]["reward_ma"][1] == pytest.approx(0.05)
-    assert s["series"]["level/a:B"][-1] == 1 and s["series"]["peers"] == [None] * 10
+    assert s["series"]["family_level/a:B"][-1] == 1 and s["series"]["net/peers"] == [None] * 10
     assert s["eval"]["round"] == [2, 5, 8] and s["eval"]["pass1"] == [0.5] * 3
 
     with path.open("a") as f:  # a line being written is read once it is whole
         f.write('{"round": 10, "reward')
     assert h.series()["rounds"] == 10
     with path.open("a") as f:
-        f.write('_mean": 1.0}\nnot json\n')
+        f.write('/mean": 1.0}\nnot json\n')
     _write(path, range(11, 1000))
     s = h.series(points=100, window=10)
     assert s["rounds"] == 1000 and s["shown"] == 100 and s["round"][0] == 0
@@ -55,9 +60,9 @@ def test_history_reads_a_cut_back_file_again_and_counts_a_redone_round_once(tmp_
     assert h.series()["rounds"] == 5
     path.write_text("")  # a resume cut it back
     _write(path, range(3))
-    _write(path, range(2, 4), reward_mean=9.0)  # round 2 again, after a crash
+    _write(path, range(2, 4), **{"reward/mean": 9.0})  # round 2 again, after a crash
     s = h.series()
-    assert s["round"] == [0, 1, 2, 3] and s["series"]["reward_mean"][2] == 9.0
+    assert s["round"] == [0, 1, 2, 3] and s["series"]["reward/mean"][2] == 9.0
 
 
 def test_helpers() -> None:

@@ -161,16 +161,16 @@ def test_the_tail_reads_further_back_past_long_lines(tmp_path: Path) -> None:
 def test_table_has_one_aligned_row_per_node_and_dashes_for_the_unknown() -> None:
     rec = {
         "round": 4,
-        "reward_mean": 0.125,
-        "cumulative_reward": 1.5,
-        "peers": 2,
-        "external_groups": 3,
-        "pool_size": 17,
+        "reward/mean": 0.125,
+        "reward/cumulative": 1.5,
+        "net/peers": 2,
+        "groups/external": 3,
+        "pool/groups": 17,
     }
     rows = [
         sw.Row("node-0", "12D3KooWabcdefghijklmnop", "running", rec),
         sw.Row("node-1", "12D3KooWqrstuvwxyz012345", "starting", None),
-        sw.Row("node-2", "short", "exited 1", {"round": "x", "peers": None}),
+        sw.Row("node-2", "short", "exited 1", {"round": "x", "net/peers": None}),
     ]
     lines = sw.format_table(rows)
     assert lines[0].split() == list(sw.COLUMNS)
@@ -225,9 +225,9 @@ if term == "ignore":
 else:
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(int(term)))
 with open(os.path.join(data, "metrics.jsonl"), "a") as f:
-    f.write(json.dumps({"round": 0, "time": time.time(), "reward_mean": 0.5,
-                        "cumulative_reward": 0.5, "peers": 1, "external_groups": 0,
-                        "pool_size": 2}) + "\\n")
+    f.write(json.dumps({"round": 0, "time": time.time(), "reward/mean": 0.5,
+                        "reward/cumulative": 0.5, "net/peers": 1, "groups/external": 0,
+                        "pool/groups": 2}) + "\\n")
 print("stand-in up", flush=True)
 time.sleep(exit_after)
 sys.exit(code)
