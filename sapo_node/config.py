@@ -81,6 +81,14 @@ class NodeSection(_Section):
     threads: int = Field(
         0, ge=0, le=1024, description="CPU threads for torch (0: torch's default)."
     )
+    min_round_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=86_400.0,
+        description="The least seconds from a round's start to the next round's: a node "
+        "whose rounds are quicker waits in between, leaving a shared machine some CPU "
+        "(0: no wait; rounds that take longer are not affected).",
+    )
     json_logs: bool = Field(False, description="Log JSON lines instead of pretty text.")
 
     def resolved_data_dir(self) -> Path:

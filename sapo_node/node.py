@@ -344,6 +344,7 @@ class Node:
         done_here = 0
         try:
             while not self.stop.is_set() and (target == 0 or self.round < target):
+                started = time.monotonic()
                 try:
                     record = self.run_round(self.round)
                 except Stopped:
@@ -372,10 +373,18 @@ class Node:
                 _log_round(record)
                 if self.round % self.config.node.checkpoint_every == 0:
                     self.save()
+                self._pace(started)
         finally:
             if done_here and self.round % self.config.node.checkpoint_every != 0:
                 self.save()
         return done_here
+
+    def _pace(self, started: float) -> None:
+        """Wait out the rest of ``node.min_round_s`` since the round started (a stop ends
+        the wait at once)."""
+        rest = self.config.node.min_round_s - (time.monotonic() - started)
+        if rest > 0 and not (self.config.node.rounds and self.round >= self.config.node.rounds):
+            self.stop.wait(rest)
 
     def _take_external(self, r: int) -> list[PooledGroup]:
         """J groups from the pool; none if the pool cannot be read (the round goes on)."""

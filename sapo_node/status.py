@@ -124,9 +124,11 @@ class Status:
         return out
 
     def stall_limit_s(self) -> float:
-        """How long the round loop may go without finishing a phase or round."""
+        """How long the round loop may go without finishing a phase or round (the wait
+        between rounds of ``node.min_round_s`` included)."""
         s, recent = self.config.status, self.node.progress.recent_rounds
-        return max(s.stall_min_s, s.stall_factor * (statistics.median(recent) if recent else 0.0))
+        typical = s.stall_factor * (statistics.median(recent) if recent else 0.0)
+        return max(s.stall_min_s, typical) + self.config.node.min_round_s
 
     def facts(self) -> dict[str, Any]:
         """Everything /status shows and /metrics exports."""

@@ -11,6 +11,15 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One compute thread per process: the models here are tiny, and `make test` runs two
+# workers, each starting node processes; torch's default (a thread per core in every one
+# of them) oversubscribes the cores (docs/development.md, "The test suite's time").
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("SAPO_NODE__THREADS", "1")
+# A tiny model's round takes well under 0.1 s: nodes that wait for peers would spin
+# through rounds (and checkpoints) as fast as the CPU allows, starving the processes the
+# tests are waiting on. A quarter of a second a round is still quicker than any check.
+os.environ.setdefault("SAPO_NODE__MIN_ROUND_S", "0.25")
 # Tests never touch a network beyond loopback: nodes start offline unless a test turns the
 # network on (it then listens on 127.0.0.1), and mDNS, which multicasts on every
 # interface, stays off (it is tested only inside a network namespace of its own).

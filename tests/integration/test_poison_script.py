@@ -28,7 +28,7 @@ def _run(out: Path, model: Path, defences: str, *more: str) -> dict:
             "--model",
             str(model),
             "--rounds",
-            "3",
+            "2",
             "--nodes",
             "2",
             "--eval-every",
@@ -67,13 +67,13 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
             for x in (tmp_path / report["defences"] / "rounds.jsonl").read_text().splitlines()
         ]
         assert sorted({(x["node"], x["round"]) for x in rounds}) == [
-            (n, r) for n in (0, 1) for r in range(3)
+            (n, r) for n in (0, 1) for r in range(2)
         ]
         evals = [
             json.loads(x)["round"]
             for x in (tmp_path / report["defences"] / "evals.jsonl").read_text().splitlines()
         ]
-        assert sorted(set(evals)) == [0, 2, 3]
+        assert sorted(set(evals)) == [0, 2]
     # Both nodes took the attacker's groups; only the defended ones checked them.
     assert off["pool_counts"]["attacker"]["accepted"] > 0
     assert "completions_checked" not in off["pool_counts"]["attacker"]

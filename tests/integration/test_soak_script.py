@@ -43,10 +43,10 @@ def _soak(out: Path, *args: str) -> subprocess.Popen:
 
 def test_a_short_soak_kills_one_node_which_resumes_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "soak"
-    # once both run: a kill at 15 s (or when one has saved a checkpoint), the end at 30 s
+    # once both run: a kill at 10 s (or when one has saved a checkpoint), the end at 20 s
     proc = _soak(
         out,
-        *("--kill-every", "15", "--duration", "30", "--tokens", "32"),
+        *("--kill-every", "10", "--duration", "20", "--tokens", "32"),
         *("--warmup", "0", "--settle", "5", "--sample-every", "2"),
     )
     stdout, _ = proc.communicate(timeout=240)
