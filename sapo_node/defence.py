@@ -56,7 +56,12 @@ advantages computed over what is left, and a group with fewer than two completio
 left is dropped. Per peer, ``sapo-node pool`` shows the completions checked and those
 refused, by reason. A cap on any one peer's share of a round's external groups
 (``max_author_share``) is applied where they are drawn (pool.py): one peer, however
-prolific, supplies at most that share of what a round learns from others.
+prolific, supplies at most that share of what a round learns from others. The peers
+whose record so far has more than ``reputation_max_refused`` refused (``suspects``:
+judged on any number of checked completions, where distrust waits for
+``reputation_min_checked``) share one such cap between them, as if they were one peer:
+an attacker with many identities, each too new to be distrusted, gets one peer's share
+of the slots, not one per identity (docs/security.md, many identities).
 
 What a node learns here survives restarts: the reputation (each peer's last checked
 completions) and the distrusted peers, with when each distrust ends in wall-clock time,
@@ -343,6 +348,12 @@ class Defence:
 
     def distrusted_authors(self) -> set[str]:
         return {a for a in list(self._distrusted) if self.distrusted(a)}
+
+    def suspects(self) -> set[str]:
+        """Peers whose record has more than ``reputation_max_refused`` refused, however
+        few were checked: their groups share one peer's cap when a round draws."""
+        limit = self.settings.reputation_max_refused
+        return {a for a, h in self._history.items() if h and h.count(False) > limit * len(h)}
 
     def _judge(self, author: str, passed: Sequence[bool]) -> None:
         s = self.settings

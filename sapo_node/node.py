@@ -394,8 +394,13 @@ class Node:
             if self.defence is None:
                 return self.pool.sample(count, rng)
             cap = max(1, int(count * self.config.defence.max_author_share))
+            d = self.defence
             return self.pool.sample(
-                count, rng, per_author=cap, exclude=self.defence.distrusted_authors()
+                count,
+                rng,
+                per_author=cap,
+                exclude=d.distrusted_authors(),
+                together=d.suspects(),
             )
         except sqlite3.Error as exc:
             log.error("cannot read the pool: this round uses own groups only", error=str(exc))

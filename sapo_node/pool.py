@@ -70,6 +70,7 @@ MAX_AUTHOR_CHARS = 128
 # swarm of throw-away identities cannot grow the table without bound.
 MAX_TRACKED_AUTHORS = 10_000
 OTHERS = "(others)"
+_TOGETHER = object()  # the share-cap key of the authors ``sample`` counts as one
 ACCEPTED = "accepted"
 AGED_OUT = "expired"  # a pooled group older than max_age_s, never drawn
 
@@ -360,10 +361,12 @@ class Pool:
         *,
         per_author: int | None = None,
         exclude: Collection[str] = (),
+        together: Collection[str] = (),
     ) -> list[PooledGroup]:
         """Take up to ``count`` groups out, chosen by the sampling policy; with
         ``per_author``, at most that many from any one author (the policy's order, the
-        rest skipped), and none from the authors in ``exclude`` (they stay pooled)."""
+        rest skipped), the authors in ``together`` counted as one, and none from the
+        authors in ``exclude`` (they stay pooled)."""
         if count <= 0:
             return []
         with self._lock, self._consistent():
@@ -376,8 +379,9 @@ class Pool:
                 keys, taken = [], Counter()
                 for key in policy(cands, len(cands), rng):
                     author = self._index[key].author
-                    if taken[author] < per_author:
-                        taken[author] += 1
+                    who = _TOGETHER if author in together else author
+                    if taken[who] < per_author:
+                        taken[who] += 1
                         keys.append(key)
                     if len(keys) == count:
                         break

@@ -344,6 +344,61 @@ def test_pool_caps_one_authors_share_and_skips_distrusted(tmp_path) -> None:
     assert len(pool) == 8  # the excluded author's groups stay pooled
 
 
+def test_many_new_identities_that_fail_share_one_peers_cap(trained, tmp_path) -> None:
+    """Issue 33, a Sybil attacker: identities too new for the reputation to judge (here
+    8 checked completions are needed) are suspects as soon as most of what was checked
+    failed, and a round's draw counts them all as one peer."""
+    policy, trainer, prompt = trained
+    settings = DefenceSection(
+        max_rank_bits=RANK_BITS, reputation_min_checked=8, reputation_window=16
+    )
+    d = Defence(settings, trainer.completion_ranks, Counts())
+    own = _own(policy, prompt)
+    bad = poison("<answer>7</answer>", "zzzz", "suffix")
+    sybils = [f"attacker-{k}" for k in range(6)]
+    for author in sybils:  # one group each: 2 checked, both refused
+        d.screen(own, [_group(policy, prompt, [bad] * 2 + ["<answer>1</answer>"] * 2,
+                              [1, 1, 0, 0], author)])  # fmt: skip
+    d.screen(own, [_group(policy, prompt, ["<answer>7</answer>", "<answer>1</answer>"], [1, 0],
+                          "honest")])  # fmt: skip
+    assert not d.distrusted_authors()  # none was checked enough to be judged
+    assert d.suspects() == set(sybils)
+
+    pool = Pool(None, sampling="uniform")
+    for i, author in enumerate(sybils * 3 + ["honest"] * 3):
+        g = wire.RolloutGroup(
+            ref=TaskRef("basic_arithmetic", "{}", 0, i),
+            generator="reasoning-gym 0.1.19",
+            question="q",
+            completions=("a", "b"),
+            model="m",
+            round=0,
+            created_ms=0,
+        )
+        pool.add(PooledGroup(g, author, (1.0, 0.0)), wire.encode(g), group_digest(author, g))
+    honest = []
+    for seed in range(4):  # each identity alone is under the cap; together they are not
+        drawn = [p.author for p in pool.sample(
+            4, random.Random(seed), per_author=2, together=d.suspects())]  # fmt: skip
+        assert sum(a in sybils for a in drawn) == 2, drawn
+        honest.append(drawn.count("honest"))
+    assert honest == [2, 1, 0, 0]  # the honest peer's 3 groups: its cap, then what is left
+    # without the shared cap the same draw is the attacker's, one identity at a time
+    for i, author in enumerate(sybils):
+        g = wire.RolloutGroup(
+            ref=TaskRef("basic_arithmetic", "{}", 0, 100 + i),
+            generator="reasoning-gym 0.1.19",
+            question="q",
+            completions=("a", "b"),
+            model="m",
+            round=0,
+            created_ms=0,
+        )
+        pool.add(PooledGroup(g, author, (1.0, 0.0)), wire.encode(g), group_digest(author, g))
+    drawn = [p.author for p in pool.sample(4, random.Random(0), per_author=2)]
+    assert all(a in sybils for a in drawn), drawn
+
+
 def test_the_attackers_groups_pass_every_intake_check(tmp_path) -> None:
     """Without the defences nothing stands in the way: the intake accepts the poisoned
     groups and gives exactly the payload's carriers the top reward."""
