@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from sapo_node.net.dnsaddr import parse as parse_bootstrap
 from sapo_node.net.dnsaddr import parse_nameserver
 
 ENV_PREFIX = "SAPO_"
@@ -579,12 +580,12 @@ class NetSection(_Section):
             for addr in getattr(self, field_name):
                 if not addr.startswith("/"):
                     raise ValueError(f"net.{field_name}: {addr!r} is not a multiaddr")
-        for addr in self.bootstrap:
-            if "/p2p/" not in addr and not addr.startswith("/dnsaddr/"):
-                raise ValueError(
-                    f"net.bootstrap: {addr!r} lacks /p2p/PEER_ID (sapo-node identity prints it; "
-                    "only /dnsaddr/NAME may go without)"
-                )
+        for addr in self.bootstrap:  # the grammar of a swarm file's bootstrap too
+            try:
+                parse_bootstrap(addr)
+            except ValueError as exc:
+                hint = " (sapo-node identity prints a node's)" if "lacks /p2p/" in str(exc) else ""
+                raise ValueError(f"net.bootstrap: {exc}{hint}") from None
         if self.enabled and not self.listen:
             raise ValueError("net.listen is empty; give at least one address or disable net")
         return self

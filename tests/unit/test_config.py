@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,24 @@ def test_small_micro_batches_skip_checkpointing_only_in_full_fine_tuning_by_defa
         assert TrainSection(checkpoint_above_tokens=100).unchecked_tokens(lora) == 100
     with pytest.raises(ValueError):
         TrainSection(checkpoint_above_tokens=-1)
+
+
+@pytest.mark.parametrize(
+    ("addr", "error"),
+    [
+        ("/ip4/127.0.0.1/tcp/4141/p2p/12D3KooWabc", None),
+        ("/dns4/boot.example.org/tcp/4141/p2p/12D3KooWabc", None),
+        ("/dnsaddr/bootstrap.example.org", None),
+        ("/ip4/127.0.0.1/tcp/4141", "lacks /p2p/PEER_ID (sapo-node identity prints"),
+        ("/ip4/127.0.0.1/udp/4141/quic-v1/p2p/12D3KooWabc", "is not TCP"),
+        ("/ip4/300.0.0.1/tcp/4141/p2p/12D3KooWabc", "is no ip4 address"),
+        ("/ip4/127.0.0.1/tcp/70000/p2p/12D3KooWabc", "is not 1 to 65535"),
+    ],
+)
+def test_net_bootstrap_has_the_swarm_files_grammar(addr: str, error: str | None) -> None:
+    """One grammar for a bootstrap address, wherever it is given (net/dnsaddr.parse)."""
+    if error is None:
+        assert load_config(overrides={"net": {"bootstrap": [addr]}}, environ={}).net.bootstrap
+    else:
+        with pytest.raises(ConfigError, match=re.escape(error)):
+            load_config(overrides={"net": {"bootstrap": [addr]}}, environ={})
