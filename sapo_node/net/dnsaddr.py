@@ -12,8 +12,8 @@ most ``MAX_LOOKUPS`` queries (go-libp2p's basic host allows 32 resolution steps 
 at most ``MAX_ADDRS`` addresses out and ``MAX_ADDRS`` records read from an answer, a name
 met again on its own path is a loop and is not followed, and ``timeout`` seconds for all
 its lookups together. DNS trouble never raises: a name that cannot be resolved is logged
-once a call, as a warning with the reason, and skipped, so one dead name costs only its
-own addresses.
+with the reason (a warning the first time in this process, a debug line when it fails
+the same way again) and skipped, so one dead name costs only its own addresses.
 
 This runs in the network process, which never imports torch; dnspython is imported only
 when a name is resolved, since the config imports ``parse_nameserver`` from here.
@@ -43,6 +43,10 @@ _IP_OF_RECORD = {"A": "ip4", "AAAA": "ip6"}
 _PEER = re.compile(r"[1-9A-HJ-NP-Za-km-z]{1,128}|b[a-z2-7]{1,128}")  # base58btc, CID base32
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _PREFIX = "dnsaddr="
+# What this process has warned about (a name and why it failed): the re-resolution every
+# few minutes logs the same failure again at debug level only.
+MAX_WARNED = 256
+_WARNED_BEFORE: set[tuple[str, str]] = set()
 
 
 class Unsupported(ValueError):
@@ -178,9 +182,15 @@ class _Resolution:
         self.deadline = 0.0
 
     def warn(self, name: str, reason: str) -> None:
-        if (name, reason) not in self.warned:
-            self.warned.add((name, reason))
-            log.warning("bootstrap name skipped", name=name, reason=reason)
+        if (name, reason) in self.warned:
+            return
+        self.warned.add((name, reason))
+        if (name, reason) in _WARNED_BEFORE:  # a name that keeps failing: warned once
+            log.debug("bootstrap name skipped", name=name, reason=reason)
+            return
+        if len(_WARNED_BEFORE) < MAX_WARNED:
+            _WARNED_BEFORE.add((name, reason))
+        log.warning("bootstrap name skipped", name=name, reason=reason)
 
     def addresses(self, addr: str) -> list[str]:
         """What one configured address resolves to, within its bounds."""

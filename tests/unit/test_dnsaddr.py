@@ -98,6 +98,14 @@ def warnings(logs: list[dict]) -> list[dict]:
     return [e for e in logs if e["log_level"] == "warning"]
 
 
+@pytest.fixture(autouse=True)
+def _nothing_warned_before():
+    """Each test as a fresh network process: no failure warned about yet."""
+    dnsaddr._WARNED_BEFORE.clear()
+    yield
+    dnsaddr._WARNED_BEFORE.clear()
+
+
 def test_doctests() -> None:
     assert doctest.testmod(dnsaddr).failed == 0
 
@@ -250,6 +258,19 @@ def test_dns4_through_an_a_record(serve) -> None:
     # the configured order kept; a record set has none
     assert sorted(found[:2]) == [ip(7, A), ip(8, A)]
     assert sorted(found[2:]) == [ip(7, B, 1), ip(8, B, 1)]
+
+
+def test_a_name_that_keeps_failing_is_warned_about_once_a_process() -> None:
+    """The network process resolves its bootstrap names again every few minutes: the
+    same failure is a warning the first time and a debug line after."""
+    for _ in range(3):
+        with structlog.testing.capture_logs() as logs:
+            assert resolve(["/dnsaddr/bad..name", ip(1, A)]) == [ip(1, A)]
+        levels = [e["log_level"] for e in logs if e["event"] == "bootstrap name skipped"]
+        assert levels == (["warning"] if _ == 0 else ["debug"])
+    with structlog.testing.capture_logs() as logs:  # another failure is news
+        resolve(["/dnsaddr/other..name"])
+    assert len(warnings(logs)) == 1
 
 
 def test_an_unusable_configured_address_is_skipped_not_raised() -> None:
