@@ -532,7 +532,9 @@ def _packed_linears(
 
 
 @contextlib.contextmanager
-def _no_packing(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> Iterator[set[int]]:
+def _no_packing(
+    model: torch.nn.Module, dtype: torch.dtype, device: torch.device
+) -> Iterator[set[int]]:
     """``_packed_linears`` switched off: every layer computes with its plain copy."""
     yield set()
 

@@ -78,6 +78,11 @@ TOLERANCE = {
 }
 
 
+def base_name(name: str) -> str:
+    """The path a result is about: ``bf16_compute_training`` -> ``bf16_compute``."""
+    return name.removesuffix("_training").removesuffix("_one_length")
+
+
 class PeakRss:
     """The highest resident size while the block runs, above its size at the start (MiB),
     sampled every 2 ms from /proc/self/statm (Linux; elsewhere 0), and minor page faults."""
@@ -189,21 +194,21 @@ def greedy_logits(policy, prompts, steps, **switches) -> tuple[list[list[int]], 
     dtype = bench_round._float32(policy) if float32 else contextlib.nullcontext()
     decode.sample_next = record
     try:
-        with dtype, torch.inference_mode():
-            with policy.compute_weights(packed=switches.pop("packed", True)):
-                out = decode.sample(
-                    policy.model.eval(),
-                    prompts,
-                    2,
-                    max_new_tokens=steps,
-                    sampling=decode.Sampling(1.0, 1, 1.0),
-                    eos_ids=[],
-                    device=policy.device,
-                    max_batch_sequences=64,
-                    autocast=policy.autocast,
-                    preallocated_cache=switches.pop("preallocated", True),
-                    decode_mask=switches.pop("mask", True),
-                )
+        packed = switches.pop("packed", True)
+        with dtype, torch.inference_mode(), policy.compute_weights(packed=packed):
+            out = decode.sample(
+                policy.model.eval(),
+                prompts,
+                2,
+                max_new_tokens=steps,
+                sampling=decode.Sampling(1.0, 1, 1.0),
+                eos_ids=[],
+                device=policy.device,
+                max_batch_sequences=64,
+                autocast=policy.autocast,
+                preallocated_cache=switches.pop("preallocated", True),
+                decode_mask=switches.pop("mask", True),
+            )
     finally:
         decode.sample_next = real
     return [c for g in out for c in g], seen
@@ -389,7 +394,9 @@ def measure(args: argparse.Namespace) -> dict:
         sizes = [mb.input_ids.numel() for _, mb in Trainer(policy, s, new)._micro_batches(small)]
         ckpt = bench_round._is_checkpointing(policy.model)
         with bench_round._checkpointing(policy.model, True):
-            skip = Trainer(policy, s.model_copy(update={"checkpoint_above_tokens": max(sizes)}), new)
+            skip = Trainer(
+                policy, s.model_copy(update={"checkpoint_above_tokens": max(sizes)}), new
+            )
             always = Trainer(policy, s.model_copy(update={"checkpoint_above_tokens": 0}), new)
             times = alternate(
                 {
@@ -424,7 +431,9 @@ def measure(args: argparse.Namespace) -> dict:
         updated = {}
         for name, opt in (("default", compact), ("off", fused)):  # first steps: equivalence
             opt.step()
-            updated[name] = torch.cat([(p.detach() - m).flatten() for p, m in zip(params, masters)])
+            updated[name] = torch.cat(
+                [(p.detach() - m).flatten() for p, m in zip(params, masters, strict=True)]
+            )
             for p, m in zip(params, masters, strict=True):
                 p.data.copy_(m)
         diff, scale = relative_diff(updated["default"], updated["off"])
@@ -436,7 +445,9 @@ def measure(args: argparse.Namespace) -> dict:
                 p.data.copy_(m)
             return out
 
-        times = alternate({"default": lambda: step(compact), "off": lambda: step(fused)}, args.repeats)
+        times = alternate(
+            {"default": lambda: step(compact), "off": lambda: step(fused)}, args.repeats
+        )
         state = {name: _state_mib(opt) for name, opt in (("on", compact), ("off", fused))}
         for p in params:
             p.grad = None
@@ -461,7 +472,7 @@ def measure(args: argparse.Namespace) -> dict:
     for name, res in results.items():
         eq = res.get("equivalence")
         if eq is not None:
-            eq["tolerance"] = TOLERANCE[name.removesuffix("_training").removesuffix("_one_length")]
+            eq["tolerance"] = TOLERANCE[base_name(name)]
             eq["ok"] = eq["relative"] <= eq["tolerance"]
     return {
         "machine": _machine(policy),
@@ -483,7 +494,13 @@ def _state_mib(opt: torch.optim.Optimizer) -> float:
     total = 0
     tensors = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t)]
     tensors += [t for t in vars(opt).values() if torch.is_tensor(t)]
-    tensors += [t for v in vars(opt).values() if isinstance(v, list | tuple) for t in v if torch.is_tensor(t)]
+    tensors += [
+        t
+        for v in vars(opt).values()
+        if isinstance(v, list | tuple)
+        for t in v
+        if torch.is_tensor(t)
+    ]
     for t in tensors:
         if id(t) not in seen and t.numel() > 1:
             seen.add(id(t))
@@ -514,7 +531,8 @@ def _machine(policy) -> dict:
 
 def _print(name: str, res: dict) -> None:
     lo, hi = res["spread"]
-    line = f"{name}: {res['phase']}, {res['measure']}: plain/path {res['ratio']:.2f}x ({lo:.2f}-{hi:.2f})"
+    line = f"{name}: {res['phase']}, {res['measure']}: plain/path {res['ratio']:.2f}x"
+    line += f" ({lo:.2f}-{hi:.2f})"
     on = statistics.median(r["s"] for r in res["on"])
     off = statistics.median(r["s"] for r in res["off"])
     line += f"; median {on:.2f} s with it, {off:.2f} s without"
@@ -534,7 +552,8 @@ def _print(name: str, res: dict) -> None:
             f"{fon / 1e3:.0f}k against {foff / 1e3:.0f}k"
         )
     eq = res["equivalence"]
-    line += f"; equivalence ({eq['kind']}): max abs diff {eq['max_abs_diff']:.3g} of {eq['largest']:.3g}"
+    line += f"; equivalence ({eq['kind']}): max abs diff {eq['max_abs_diff']:.3g}"
+    line += f" of {eq['largest']:.3g}"
     if "tokens_identical" in eq:
         line += f", tokens identical in {eq['rows_identical']} rows"
     print(line, flush=True)
@@ -542,7 +561,9 @@ def _print(name: str, res: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="embedded", help="Another model directory (the tests' tiny model).")
+    parser.add_argument(
+        "--model", default="embedded", help="Another model directory (the tests' tiny model)."
+    )
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "sapo-bench")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, help="Tokens generated a row (the config's: 64).")
