@@ -28,7 +28,7 @@ The process-wide settings (glibc's mmap threshold, oneDNN's and ideep's cache ca
 for the whole process and are set here as a node sets them (``lifecycle``): they are not
 switched in-process and not measured here.
 
-Usage: python scripts/bench_paths.py [--model DIR] [--data-dir DIR] [--repeats 3]
+Usage: python scripts/bench_paths.py [--model DIR] [--data-dir DIR] [--repeats 3] [--threads N]
        [--only NAME,...] [--json OUT]
 """
 
@@ -566,6 +566,9 @@ def main() -> None:
     )
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "sapo-bench")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--threads", type=int, help="torch threads (1 where another job holds a core)"
+    )
     parser.add_argument("--new-tokens", type=int, help="Tokens generated a row (the config's: 64).")
     parser.add_argument("--equivalence-steps", type=int, default=8, help="Greedy tokens compared.")
     parser.add_argument("--only", help="Comma-separated paths: " + ", ".join(PATHS))
@@ -575,6 +578,8 @@ def main() -> None:
     from sapo_node.logs import configure_logging
 
     configure_logging()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     report = measure(args)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
