@@ -152,6 +152,26 @@ class GenerationSection(_Section):
     max_batch_sequences: int = Field(
         64, ge=1, le=4096, description="Most sequences in one generate call (bounds memory)."
     )
+    # Speed paths (docs/benchmarks.md, "CPU paths", has today's figure of each). Off: the
+    # plain path, which gives the same tokens.
+    packed_weights: bool = Field(
+        True,
+        description="On a CPU computing in bfloat16 whose oneDNN packs it (AVX512): "
+        "generation's linear layers run on weight copies in oneDNN's packed layout. false: "
+        "plain copies and nn.Linear's forward. Speed only (docs/benchmarks.md, CPU paths).",
+    )
+    preallocated_cache: bool = Field(
+        True,
+        description="The decode cache allocated once for the whole generation, a step "
+        "writing one column. false: transformers' DynamicCache, which concatenates the past "
+        "at every step (docs/benchmarks.md, CPU paths).",
+    )
+    decode_mask: bool = Field(
+        True,
+        description="The decode loop passes its own 4D attention mask. false: a 2D mask that "
+        "transformers turns into its own, or drops when every position is visible "
+        "(docs/benchmarks.md, CPU paths).",
+    )
 
 
 class CurriculumSection(_Section):
@@ -348,6 +368,14 @@ class TrainSection(_Section):
         "at 768; larger models need more: scale it down) and its step is 1.3x faster. "
         "0: every micro-batch checkpointed. Unset: 768 for full fine-tuning, 0 with LoRA "
         "(whose point is memory).",
+    )
+    chunked_head: bool = Field(
+        True,
+        description="For llama, mistral, qwen2 and qwen3 models: the output layer applied to "
+        "64 positions at a time (recomputed in backward), on a copy of its weight in the "
+        "compute dtype made once per micro-batch, so a micro-batch's whole logits never "
+        "exist. false: the model's own forward and its logits. Memory (docs/benchmarks.md, "
+        "CPU paths).",
     )
     eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="Lower clip: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.28, gt=0.0, le=10.0, description="Upper clip: ratio <= 1 + eps_high.")

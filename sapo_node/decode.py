@@ -11,13 +11,14 @@
    count from each row's own first token, so a row sees exactly what it would see alone.
 2. **Decode.** One token per active row per step: ``model(..., cache=...)`` on the last
    tokens, then sampling (temperature, then top-k, then top-p, as transformers' sampling
-   does). The cache is preallocated (`_PreallocatedLayer`): a step writes one column
-   instead of concatenating the whole past. The loop passes its own 4D attention mask:
-   transformers would drop an all-visible one (prompts of one length), and SDPA on the
-   CPU without a mask runs grouped-query attention 4-5x slower than with one (it cannot
-   fold a query token's heads onto their shared key head). Rows that emitted EOS are
-   dropped from the batch, mask and cache once enough of them have finished to pay for
-   the copy.
+   does). Two switches (``generation.preallocated_cache``, ``generation.decode_mask``;
+   docs/benchmarks.md, "CPU paths", has what each buys): the cache is preallocated
+   (`_PreallocatedLayer`), so a step writes one column instead of concatenating the whole
+   past (off: transformers' ``DynamicCache``); the loop passes its own 4D attention mask,
+   which transformers would drop when all is visible (prompts of one length), and SDPA
+   on the CPU without a mask runs grouped-query attention slower than with one (off: a
+   2D mask, transformers' own handling). Rows that emitted EOS are dropped from the
+   batch, mask and cache once enough of them have finished to pay for the copy.
 3. **Sampling without a sort.** With top-p = 1 and top-k = 0 a token is drawn by inverse
    CDF (a cumulative sum and a binary search per row) instead of ``torch.multinomial``,
    which draws one exponential variate per vocabulary entry; the distribution is the same.
@@ -142,6 +143,36 @@ def _select_filled(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> tor
     return out
 
 
+def _preallocate(
+    prefilled: Cache,
+    prompts: list[list[int]],
+    counts: list[int],
+    rows: int,
+    width: int,
+    capacity: int,
+) -> Cache:
+    """A cache of ``capacity`` positions for ``rows`` rows, each prompt's keys and values
+    (left-padded to ``width`` in ``prefilled``) copied into its ``counts`` rows."""
+    # Positions past the prompts stay unwritten (not resident) until a step writes them:
+    # a step reads only the positions written so far.
+    buffers = [
+        (
+            layer.keys.new_empty((rows, layer.keys.shape[1], capacity, layer.keys.shape[3])),
+            layer.values.new_empty((rows, layer.values.shape[1], capacity, layer.values.shape[3])),
+        )
+        for layer in prefilled.layers
+    ]
+    start = 0
+    for i, (prompt, count) in enumerate(zip(prompts, counts, strict=True)):
+        offset = width - len(prompt)
+        for (kb, vb), layer in zip(buffers, prefilled.layers, strict=True):
+            for buffer, filled in ((kb, layer.keys), (vb, layer.values)):
+                buffer[start : start + count, :, :offset] = 0  # the gap: masked, never NaN
+                buffer[start : start + count, :, offset:width] = filled[i, :, offset:width]
+        start += count
+    return Cache(layers=[_PreallocatedLayer(b, width) for b in buffers])
+
+
 def attention_mask(seen: torch.Tensor, implementation: str) -> torch.Tensor:
     """A boolean 4D mask (True: attend) in the form ``implementation`` takes
     (``MASKED_ATTENTION``): as it is for "sdpa", additive (0 or the float32 minimum) for
@@ -165,11 +196,15 @@ def sample(
     max_batch_sequences: int,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     should_stop: Callable[[], bool] | None = None,
+    preallocated_cache: bool = True,
+    decode_mask: bool = True,
 ) -> list[list[list[int]]]:
     """``n`` completions of every prompt: ``[prompt][completion] -> token ids``.
 
     A completion ends with an EOS id iff it finished. If ``should_stop()`` turns true,
-    generation ends after the token being sampled.
+    generation ends after the token being sampled. ``preallocated_cache`` and
+    ``decode_mask`` false: transformers' ``DynamicCache`` and its own mask from a 2D one
+    (the module docstring).
     """
     out: list[list[list[int]]] = [[] for _ in prompts]
     stopped = False
@@ -188,6 +223,8 @@ def sample(
             device=device,
             autocast=autocast,
             should_stop=should_stop,
+            preallocated_cache=preallocated_cache,
+            decode_mask=decode_mask,
         )
         i = 0
         for p, k in chunk:
@@ -227,6 +264,8 @@ def _sample_chunk(
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager],
     should_stop: Callable[[], bool] | None,
+    preallocated_cache: bool = True,
+    decode_mask: bool = True,
 ) -> tuple[list[list[int]], bool]:
     rows = sum(counts)
     width = max(len(p) for p in prompts)
@@ -251,26 +290,12 @@ def _sample_chunk(
             logits_to_keep=1,
         )
     prefilled = res.cache if hasattr(res, "cache") else res.past_key_values
-    # Positions past the prompts stay unwritten (not resident) until a step writes them:
-    # a step reads only the positions written so far.
-    buffers = [
-        (
-            layer.keys.new_empty((rows, layer.keys.shape[1], capacity, layer.keys.shape[3])),
-            layer.values.new_empty((rows, layer.values.shape[1], capacity, layer.values.shape[3])),
-        )
-        for layer in prefilled.layers
-    ]
-    start = 0
-    for i, (prompt, count) in enumerate(zip(prompts, counts, strict=True)):
-        offset = width - len(prompt)
-        for (kb, vb), layer in zip(buffers, prefilled.layers, strict=True):
-            for buffer, filled in ((kb, layer.keys), (vb, layer.values)):
-                buffer[start : start + count, :, :offset] = 0  # the gap: masked, never NaN
-                buffer[start : start + count, :, offset:width] = filled[i, :, offset:width]
-        start += count
+    if preallocated_cache:
+        cache = _preallocate(prefilled, prompts, counts, rows, width, capacity)
+    else:  # the plain path: the prompts' DynamicCache, one row per completion
+        prefilled.batch_select_indices(row_prompt.to(device))
+        cache = prefilled
     del prefilled
-    cache = Cache(layers=[_PreallocatedLayer(b, width) for b in buffers])
-    del buffers  # the layers own them: dropped rows' buffers are freed when replaced
     visible = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
     visible[:, :width] = (torch.arange(width) >= (width - lengths)[:, None]).to(device)
     implementation = model.config._attn_implementation
@@ -306,7 +331,9 @@ def _sample_chunk(
         with autocast():
             res = model(
                 input_ids=tokens[:, None],
-                attention_mask=attention_mask(visible[:, None, None, :end], implementation),
+                attention_mask=attention_mask(visible[:, None, None, :end], implementation)
+                if decode_mask
+                else visible[:, :end].long(),
                 position_ids=position[:, None],
                 cache=cache,
                 use_cache=True,

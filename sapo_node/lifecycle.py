@@ -91,7 +91,13 @@ def fix_mmap_threshold() -> bool:
     import ctypes.util
     import sys
 
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    if not sys.platform.startswith("linux"):
+        return False
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        log.info(
+            "allocator: glibc mmap threshold left to the environment",
+            MALLOC_MMAP_THRESHOLD_=os.environ["MALLOC_MMAP_THRESHOLD_"],
+        )
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -106,6 +112,37 @@ def fix_mmap_threshold() -> bool:
     return True
 
 
+# oneDNN, which runs torch's bfloat16 matrix products on CPUs, keeps a compiled primitive
+# per shape, up to 1024 by default, and ideep (torch's layer over it) keeps its own
+# computation per shape, also up to 1024. A node's shapes change every round (lengths,
+# rows dropped at EOS), so its memory rose round after round; 16 of each keep a step's
+# shapes (docs/benchmarks.md, "CPU paths").
+KERNEL_CACHE_CAPS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16", "LRU_CACHE_CAPACITY": "16"}
+
+
+def cap_kernel_caches() -> dict[str, str]:
+    """For this whole process: oneDNN's and ideep's per-shape caches capped
+    (``KERNEL_CACHE_CAPS``), each only where the environment does not set it; logged.
+    Returns the values that hold.
+
+    Both libraries read their variable once, at their first product in the process
+    (measured with torch 2.13: set after ``import torch`` but before any product, the cap
+    holds; set after one, it does not), so the programs that run nodes call this first,
+    before a model computes (``run_node``; the experiment runner and the scripts, once
+    for all their nodes). Importing ``sapo_node`` changes nothing.
+    """
+    ours = {k: v for k, v in KERNEL_CACHE_CAPS.items() if k not in os.environ}
+    os.environ.update(ours)
+    held = {k: os.environ[k] for k in KERNEL_CACHE_CAPS}
+    log.info(
+        "kernel caches: oneDNN and ideep per-shape caches capped for this process",
+        set_here=sorted(ours),
+        from_environment=sorted(set(held) - set(ours)),
+        **held,
+    )
+    return held
+
+
 def run_node(cfg: Config, stop: threading.Event) -> None:
     """A training or generating node: rounds until ``stop`` or ``node.rounds``."""
     from sapo_node.checkpoint import CheckpointError
@@ -118,6 +155,7 @@ def run_node(cfg: Config, stop: threading.Event) -> None:
     if cfg.net.enabled:
         check_ports(cfg)  # before the model loads: a busy port is found at once
     endpoint = status_endpoint(cfg)
+    cap_kernel_caches()  # before the model computes: read at the first product
     fix_mmap_threshold()
     try:
         node = Node(cfg, stop=stop)

@@ -15,7 +15,8 @@ Generation runs on a copy of the weights in the compute dtype, made for the call
 dropped after it (``Policy.compute_weights``): on the CPU decoding is bound by reading the
 weights, so half the bytes are about twice the tokens per second (docs/benchmarks.md).
 On the CPU the linear layers' copies are packed for oneDNN, which would otherwise repack
-a plain weight at every call.
+a plain weight at every call (``generation.packed_weights``; docs/benchmarks.md, "CPU
+paths").
 With LoRA the frozen base weights are stored in the compute dtype.
 """
 
@@ -266,7 +267,7 @@ class Policy:
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     @contextlib.contextmanager
-    def compute_weights(self) -> Iterator[None]:
+    def compute_weights(self, packed: bool = True) -> Iterator[None]:
         """For generation: the float32 parameters replaced by copies in the compute dtype
         (one more copy of the weights at half size while it lasts), restored on exit.
 
@@ -275,16 +276,15 @@ class Policy:
         ones, made and freed every round, fragment the heap). Under ``inference_mode``
         they take no autograd state; the masters are untouched. On the CPU the weight
         matrices of ``nn.Linear`` layers are copied in oneDNN's packed layout instead
-        (``_packed_linears``).
+        (``_packed_linears``), unless ``packed`` is false (``generation.packed_weights``).
         """
         if self.dtype == torch.float32:
             yield
             return
-        with _packed_linears(self.model, self.dtype, self.device) as packed:
+        packing = _packed_linears if packed else _no_packing
+        with packing(self.model, self.dtype, self.device) as done:
             params = [
-                p
-                for p in self.model.parameters()
-                if p.dtype == torch.float32 and id(p) not in packed
+                p for p in self.model.parameters() if p.dtype == torch.float32 and id(p) not in done
             ]
             masters = [p.data for p in params]
             align = 32  # elements: each view starts on a 64-byte boundary
@@ -370,7 +370,7 @@ class Policy:
         generation ends at the next token (the caller discards the partial result).
         """
         self.model.eval()
-        with self.compute_weights():
+        with self.compute_weights(packed=settings.packed_weights):
             ids = self._generate_ids(prompts, settings, n, should_stop, greedy)
         texts = [[self.decode(c) for c in group] for group in ids]
         return Generated(ids, texts, sum(len(c) for g in ids for c in g))
@@ -397,6 +397,8 @@ class Policy:
                 max_batch_sequences=settings.max_batch_sequences,
                 autocast=self.autocast,
                 should_stop=should_stop,
+                preallocated_cache=settings.preallocated_cache,
+                decode_mask=settings.decode_mask,
             )
         return self.generate_plain(prompts, settings, n=n, should_stop=should_stop, greedy=greedy)
 
@@ -527,6 +529,14 @@ def _packed_linears(
     finally:
         for m in linears:
             del m.forward
+
+
+@contextlib.contextmanager
+def _no_packing(
+    model: torch.nn.Module, dtype: torch.dtype, device: torch.device
+) -> Iterator[set[int]]:
+    """``_packed_linears`` switched off: every layer computes with its plain copy."""
+    yield set()
 
 
 @functools.cache

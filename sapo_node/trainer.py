@@ -16,9 +16,10 @@ tokens, and the completions of a row are not padded to the longest. A group spli
 two micro-batches runs its prompt in each of them. For models whose forward ends at the
 head (``PLAIN_HEAD_MODELS``) the logits are made from the decoder's hidden states 64
 positions at a time and recomputed in backward, so a micro-batch's whole [rows,
-positions, vocabulary] logits never exist. Models whose attention is not full
-attention in every layer with the "sdpa" or "eager" implementation (a sliding window, a
-flash kernel without custom masks) get one completion a row and their own causal mask.
+positions, vocabulary] logits never exist (``train.chunked_head``). Models whose
+attention is not full attention in every layer with the "sdpa" or "eager" implementation
+(a sliding window, a flash kernel without custom masks) get one completion a row and
+their own causal mask.
 
 With gradient checkpointing on, a micro-batch of at most ``checkpoint_above_tokens``
 tokens (unset: 768 for full fine-tuning, 0 with LoRA) runs without it: its activations are
@@ -386,7 +387,8 @@ class Trainer:
             "use_cache": False,
         }
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if getattr(base.config, "model_type", None) not in PLAIN_HEAD_MODELS:
+        chunked = getattr(base.config, "model_type", None) in PLAIN_HEAD_MODELS
+        if not (chunked and self.settings.chunked_head):  # the plain path
             with self.policy.autocast():
                 return model(**inputs, logits_to_keep=keep).logits, None
         project = base.get_output_embeddings()

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from sapo_node import wire  # noqa: E402
 from sapo_node.config import Config, _deep_merge  # noqa: E402
 from sapo_node.defence import CHECKED  # noqa: E402
-from sapo_node.lifecycle import fix_mmap_threshold  # noqa: E402
+from sapo_node.lifecycle import cap_kernel_caches, fix_mmap_threshold  # noqa: E402
 from sapo_node.net.memory import MemoryHub  # noqa: E402
 from tests.support.poison import DEFAULT_PAYLOAD, PoisonPeer, carries  # noqa: E402
 
@@ -201,7 +201,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     names: dict[str, int] = {}
     rounds_log = (args.out / "rounds.jsonl").open("a", encoding="utf-8")
     evals_log = (args.out / "evals.jsonl").open("a", encoding="utf-8")
-    fix_mmap_threshold()  # as sapo-node experiment does: once, for every node of the process
+    cap_kernel_caches()  # as sapo-node experiment does: once, for every node of the process
+    fix_mmap_threshold()
     try:
         for i, config in enumerate(configs):
             data_dir = config.node.resolved_data_dir()

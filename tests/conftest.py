@@ -28,6 +28,10 @@ os.environ["SAPO_NET__MDNS"] = "false"
 os.environ["SAPO_NET__LISTEN"] = '["/ip4/127.0.0.1/tcp/0"]'
 # Status endpoints on loopback, each on a free port (never a running node's 9141).
 os.environ["SAPO_STATUS__LISTEN"] = '"127.0.0.1:0"'
+# oneDNN's and ideep's per-shape caches capped as a node's program caps them
+# (lifecycle.cap_kernel_caches): read at the process's first matrix product.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
+os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
 
 REPO = Path(__file__).resolve().parents[1]
 

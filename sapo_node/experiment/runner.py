@@ -28,7 +28,7 @@ from sapo_node.experiment.spec import (
     node_config,
     node_seed,
 )
-from sapo_node.lifecycle import fix_mmap_threshold
+from sapo_node.lifecycle import cap_kernel_caches, fix_mmap_threshold
 
 log = structlog.get_logger(__name__)
 
@@ -359,6 +359,7 @@ def run_experiment(
     stop = stop or threading.Event()
     check_resumable(spec, out)
     chosen = [arm(spec, label) for label in only] if only else arms(spec)
+    cap_kernel_caches()  # the process's settings, for all its nodes (each logs so)
     fix_mmap_threshold()  # the process's allocator, for all its nodes (it logs so)
     finished = True
     try:

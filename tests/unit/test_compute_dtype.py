@@ -106,7 +106,7 @@ def test_the_masters_come_back_when_generation_fails(tiny_model_dir: Path) -> No
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_weights_compute_what_plain_copies_do(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch, bias: bool
+    tiny_model_dir: Path, tmp_path: Path, bias: bool
 ) -> None:
     if not policy_module.packs_linear_weights(torch.bfloat16):
         pytest.skip("this CPU's oneDNN does not pack bfloat16 weights (no AVX512-BW/VL/DQ)")
@@ -117,14 +117,23 @@ def test_packed_linear_weights_compute_what_plain_copies_do(
     assert any(m.bias is not None for m in linears) is bias
     ids = torch.tensor(_prompts(half)[:1])
     logits = {}
-    for packing in (True, False):
-        if not packing:
-            monkeypatch.setattr(policy_module, "_pack", lambda linears, dtype: None)
-        with torch.inference_mode(), half.compute_weights(), half.autocast():
+    for packing in (True, False):  # generation.packed_weights
+        with torch.inference_mode(), half.compute_weights(packed=packing), half.autocast():
             packed = [m for m in half.model.modules() if "forward" in vars(m)]
             assert bool(packed) == packing
             logits[packing] = half.model(input_ids=ids).logits.float()
     torch.testing.assert_close(logits[True], logits[False], rtol=1.6e-2, atol=1e-2)
+    # greedy tokens of Policy.generate with the switch on and off: the same
+    greedy = GenerationSection(max_new_tokens=8, top_k=1)
+    on = half.generate(_prompts(half), greedy, n=2).ids
+    seen = []
+    hook = half.model.get_output_embeddings().register_forward_pre_hook(
+        lambda mod, args: seen.append("forward" in vars(mod))
+    )
+    off = half.generate(_prompts(half), greedy.model_copy(update={"packed_weights": False}), n=2)
+    hook.remove()
+    assert seen and not any(seen)  # nothing packed with the switch off
+    assert off.ids == on
 
 
 def test_half_precision_sampling_law_is_close_to_float32(tiny_model_dir: Path) -> None:

@@ -211,6 +211,67 @@ def test_lora_model_steps_equal_a_full_forward(tiny_model_dir, monkeypatch) -> N
     assert [len(g) for g in out.ids] == [2, 2, 2]
 
 
+def _decode_with(model, prompts, eos_ids, monkeypatch, **switches):
+    recorder = _Recorder()
+    monkeypatch.setattr(decode, "sample_next", recorder)
+    torch.manual_seed(4)
+    with torch.no_grad():
+        out = decode.sample(
+            model,
+            prompts,
+            4,
+            max_new_tokens=20,
+            sampling=Sampling(temperature=1.5),
+            eos_ids=eos_ids,
+            device=torch.device("cpu"),
+            max_batch_sequences=64,
+            **switches,
+        )
+    return out, recorder.calls
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("switch", ["preallocated_cache", "decode_mask"])
+def test_each_decode_switch_off_gives_the_same_tokens_and_logits(
+    tiny_policy, monkeypatch, switch: str, implementation: str
+) -> None:
+    """generation.preallocated_cache and generation.decode_mask off (transformers'
+    DynamicCache, its own mask from a 2D one): the same tokens, and logits equal to float32
+    rounding, with ragged prompts, prompts of one length (where transformers drops an
+    all-visible mask) and rows dropped at EOS."""
+    tiny_policy.model.set_attn_implementation(implementation)
+    prompts = _prompts(tiny_policy)
+    width = min(len(p) for p in prompts)
+    eos_ids = [*tiny_policy.eos_ids, *tiny_policy.tokenizer.convert_tokens_to_ids(list("aeiou "))]
+    for rows in (prompts, [p[len(p) - width :] for p in prompts]):
+        on, on_calls = _decode_with(tiny_policy.model, rows, eos_ids, monkeypatch)
+        off, off_calls = _decode_with(
+            tiny_policy.model, rows, eos_ids, monkeypatch, **{switch: False}
+        )
+        assert on == off
+        assert len(on_calls) == len(off_calls) > 1
+        assert any(a.shape[0] < on_calls[0][0].shape[0] for a, _ in on_calls)  # rows dropped
+        for (a, ta), (b, tb) in zip(on_calls, off_calls, strict=True):
+            assert torch.equal(ta, tb)
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_the_generation_switches_reach_the_decode_loop(tiny_policy, monkeypatch) -> None:
+    seen: dict = {}
+    real = decode.sample
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "sample", spy)
+    settings = GenerationSection(max_new_tokens=3, preallocated_cache=False, decode_mask=False)
+    tiny_policy.generate(_prompts(tiny_policy)[:1], settings, n=2)
+    assert seen["preallocated_cache"] is False and seen["decode_mask"] is False
+    tiny_policy.generate(_prompts(tiny_policy)[:1], GenerationSection(max_new_tokens=3), n=2)
+    assert seen["preallocated_cache"] is True and seen["decode_mask"] is True
+
+
 def test_rows_stop_at_eos_and_respect_max_new_tokens(tiny_policy) -> None:
     torch.manual_seed(5)
     eos = tiny_policy.eos_ids[0]

@@ -230,6 +230,32 @@ def test_long_rows_are_taken_a_few_positions_at_a_time(tiny_policy, monkeypatch)
     _compare(tiny_policy, TrainSection(micro_batch_size=5, loss_norm="sequence"))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_chunked_head_switch_gives_the_same_gradients(tiny_model_dir: Path, dtype) -> None:
+    """train.chunked_head off: the model's own forward and logits; the same gradients (in
+    float32 to rounding; in bfloat16 the head's gradient is summed in bfloat16 chunk by
+    chunk, so within 2% of the largest)."""
+    pol = load_policy(
+        str(tiny_model_dir), device="cpu", dtype=dtype, lora=LoraSection(), cache_dir=tiny_model_dir
+    )
+    samples, grads = _groups(), {}
+    for chunked in (True, False):
+        settings = TrainSection(micro_batch_size=5, chunked_head=chunked)
+        calls: list[int] = []  # the model's own forward runs only on the plain path
+        hook = pol.model.register_forward_pre_hook(lambda mod, args, c=calls: c.append(1))
+        Trainer(pol, settings, max_new_tokens=16).gradients(samples)
+        hook.remove()
+        assert bool(calls) is not chunked
+        grads[chunked] = _grads(pol)
+        pol.model.zero_grad(set_to_none=True)
+    scale = max(float(g.abs().max()) for g in grads[False].values())
+    for name, want in grads[False].items():
+        if dtype == "float32":
+            torch.testing.assert_close(grads[True][name], want, atol=1e-6, rtol=1e-4, msg=name)
+        else:
+            assert float((grads[True][name] - want).abs().max()) <= 2e-2 * scale, name
+
+
 def test_logits_from_the_model_or_a_chunk_at_a_time_give_the_same_gradients(
     tiny_policy, monkeypatch
 ) -> None:
