@@ -4,8 +4,9 @@
 VENV   ?= .venv
 PYTHON ?= python3
 ARGS   ?=
-# Two workers: most integration tests wait on node processes (docs/development.md).
-PYTEST_ARGS ?= -m "not slow and not gpu" -n 2
+# Two workers (the cores here); worksteal: a worker that runs out takes tests queued for
+# the other, so no worker idles while the other ends a queue of node tests (development.md).
+PYTEST_ARGS ?= -m "not slow and not gpu" -n 2 --dist worksteal
 STAMP  := $(VENV)/.installed
 
 .PHONY: start test test-slow test-all lint bench clean-venv
