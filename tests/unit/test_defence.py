@@ -322,20 +322,25 @@ def test_a_corrupt_defence_file_is_refused_in_one_line_and_the_node_starts_empty
     assert peerstate.load(path, "defence") == {"history": {}, "distrusted": {}}
 
 
+def _pool_one(pool: Pool, author: str, index: int) -> None:
+    """Pool one small valid group of ``author`` (task ``index``), with signal."""
+    g = wire.RolloutGroup(
+        ref=TaskRef("basic_arithmetic", "{}", 0, index),
+        generator="reasoning-gym 0.1.19",
+        question="q",
+        completions=("a", "b"),
+        model="m",
+        round=0,
+        created_ms=0,
+    )
+    pool.add(PooledGroup(g, author, (1.0, 0.0)), wire.encode(g), group_digest(author, g))
+
+
 def test_pool_caps_one_authors_share_and_skips_distrusted(tmp_path) -> None:
     pool = Pool(None, sampling="uniform")
     for i in range(12):
         author = "big" if i < 10 else f"small-{i}"
-        g = wire.RolloutGroup(
-            ref=TaskRef("basic_arithmetic", "{}", 0, i),
-            generator="reasoning-gym 0.1.19",
-            question="q",
-            completions=("a", "b"),
-            model="m",
-            round=0,
-            created_ms=0,
-        )
-        pool.add(PooledGroup(g, author, (1.0, 0.0)), wire.encode(g), group_digest(author, g))
+        _pool_one(pool, author, i)
     taken = pool.sample(4, random.Random(0), per_author=2)
     authors = [p.author for p in taken]
     assert len(taken) == 4 and authors.count("big") == 2
@@ -366,16 +371,7 @@ def test_many_new_identities_that_fail_share_one_peers_cap(trained, tmp_path) ->
 
     pool = Pool(None, sampling="uniform")
     for i, author in enumerate(sybils * 3 + ["honest"] * 3):
-        g = wire.RolloutGroup(
-            ref=TaskRef("basic_arithmetic", "{}", 0, i),
-            generator="reasoning-gym 0.1.19",
-            question="q",
-            completions=("a", "b"),
-            model="m",
-            round=0,
-            created_ms=0,
-        )
-        pool.add(PooledGroup(g, author, (1.0, 0.0)), wire.encode(g), group_digest(author, g))
+        _pool_one(pool, author, i)
     honest = []
     for seed in range(4):  # each identity alone is under the cap; together they are not
         drawn = [p.author for p in pool.sample(
@@ -385,16 +381,7 @@ def test_many_new_identities_that_fail_share_one_peers_cap(trained, tmp_path) ->
     assert honest == [2, 1, 0, 0]  # the honest peer's 3 groups: its cap, then what is left
     # without the shared cap the same draw is the attacker's, one identity at a time
     for i, author in enumerate(sybils):
-        g = wire.RolloutGroup(
-            ref=TaskRef("basic_arithmetic", "{}", 0, 100 + i),
-            generator="reasoning-gym 0.1.19",
-            question="q",
-            completions=("a", "b"),
-            model="m",
-            round=0,
-            created_ms=0,
-        )
-        pool.add(PooledGroup(g, author, (1.0, 0.0)), wire.encode(g), group_digest(author, g))
+        _pool_one(pool, author, 100 + i)
     drawn = [p.author for p in pool.sample(4, random.Random(0), per_author=2)]
     assert all(a in sybils for a in drawn), drawn
 
