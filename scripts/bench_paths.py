@@ -28,6 +28,9 @@ The process-wide settings (glibc's mmap threshold, oneDNN's and ideep's cache ca
 for the whole process and are set here as a node sets them (``lifecycle``): they are not
 switched in-process and not measured here.
 
+SAPO_* variables in the environment change the config as they change a node's: with
+SAPO_MODEL__LORA__ENABLED=true the training paths are measured on a LoRA step.
+
 Usage: python scripts/bench_paths.py [--model DIR] [--data-dir DIR] [--repeats 3] [--threads N]
        [--only NAME,...] [--json OUT]
 """
