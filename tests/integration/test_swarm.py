@@ -45,49 +45,24 @@ def _logs(*nodes: NodeProcess) -> str:
     return "\n".join(f"--- {n.name}\n{n.tail()}" for n in nodes)
 
 
-def test_three_nodes_train_on_each_others_groups(nodes) -> None:
-    a = nodes("a").start()
-    b = nodes("b").start(a)
-    c = nodes("c").start(b)
-    assert wait_until(
-        lambda: all(_trained_with_peers(n) for n in (a, b, c)), 150, alive=(a, b, c)
-    ), _logs(a, b, c)
-    for n in (a, b, c):
-        assert max(r["net/peers"] for r in n.records()) >= 1
-        assert sum(r["net/accepted"] for r in n.records()) > 0
-    assert stop_all(a, b, c) == [0] * 3, _logs(a, b, c)
-
-
-def test_a_killed_node_rejoins_with_its_identity_while_the_others_go_on(nodes) -> None:
-    a = nodes("a").start()
-    b = nodes("b").start(a)
-    assert wait_until(lambda: _received(a) > 0 and _received(b) > 0, 150, alive=(a, b)), _logs(a, b)
-    b.kill()
-    at_kill = _round(a)
-    assert wait_until(lambda: _round(a) >= at_kill + 2, 120, alive=(a,)), _logs(a)  # a goes on
-    assert a.alive()
-    a_round, b_round = _round(a), _round(b)
-    b.start(a)  # same data directory: same key, same peer ID, same port
-
-    def both_hear_again() -> bool:
-        return _received(b, after_round=b_round) > 0 and _received(a, after_round=a_round) > 0
-
-    assert wait_until(both_hear_again, 120, alive=(a, b)), _logs(a, b)
-    assert stop_all(a, b) == [0] * 2, _logs(a, b)
-
-
-def test_a_node_that_joins_late_receives_groups(nodes) -> None:
+def test_three_nodes_train_on_each_others_groups_one_of_them_joining_late(nodes) -> None:
     a = nodes("a").start()
     b = nodes("b").start(a)
     assert wait_until(lambda: _received(b) > 0, 150, alive=(a, b)), _logs(a, b)
-    late = nodes("late").start(b)
-    assert wait_until(lambda: _trained_with_peers(late), 150, alive=(a, b, late)), _logs(a, b, late)
+    late = nodes("late").start(b)  # knows only b, once a and b already exchange
+    assert wait_until(
+        lambda: all(_trained_with_peers(n) for n in (a, b, late)), 150, alive=(a, b, late)
+    ), _logs(a, b, late)
+    for n in (a, b, late):
+        assert max(r["net/peers"] for r in n.records()) >= 1
+        assert sum(r["net/accepted"] for r in n.records()) > 0
     assert stop_all(a, b, late) == [0] * 3, _logs(a, b, late)
 
 
-def test_a_chain_whose_middle_dies_heals(nodes) -> None:
+def test_a_chain_whose_middle_dies_heals_and_the_middle_rejoins_with_its_identity(nodes) -> None:
     """a <- b <- c: c knows only b, a knows nobody. Through b's DHT records a and c find
-    each other, so when b dies the swarm does not split: they go on exchanging."""
+    each other, so when b dies the swarm does not split: they go on exchanging. b then
+    restarts from its data directory (same key, peer ID and port) and is heard again."""
     a = nodes("a").start()
     b = nodes("b").start(a)
     c = nodes("c").start(b)
@@ -97,7 +72,7 @@ def test_a_chain_whose_middle_dies_heals(nodes) -> None:
     # a and c learn of each other beyond their bootstrap lists (the DHT), before b dies
     assert wait_until(lambda: a.records()[-1]["net/peers"] >= 2, 90, alive=(a, b, c)), _logs(a, c)
     b.kill()
-    a_round, c_round = _round(a), _round(c)
+    a_round, b_round, c_round = _round(a), _round(b), _round(c)
     assert wait_until(
         lambda: (
             _received(c, after_round=c_round + 1) > 0 and _received(a, after_round=a_round + 1) > 0
@@ -105,7 +80,14 @@ def test_a_chain_whose_middle_dies_heals(nodes) -> None:
         120,
         alive=(a, c),
     ), _logs(a, c)
-    assert stop_all(a, c) == [0] * 2, _logs(a, c)
+    a_round = _round(a)
+    b.start(a)
+
+    def b_and_a_hear_again() -> bool:
+        return _received(b, after_round=b_round) > 0 and _received(a, after_round=a_round) > 0
+
+    assert wait_until(b_and_a_hear_again, 120, alive=(a, b, c)), _logs(a, b, c)
+    assert stop_all(a, b, c) == [0] * 3, _logs(a, b, c)
 
 
 def test_nodes_meet_through_a_relay_that_loads_no_model(nodes) -> None:
