@@ -338,6 +338,15 @@ class TrainSection(_Section):
     external_groups: int = Field(
         2, ge=0, le=4096, description="J: peers' groups per round (filled with own if short)."
     )
+    external_max: int | None = Field(
+        None,
+        ge=0,
+        le=4096,
+        description="Unset: J is external_groups every round. A number: J is chosen each "
+        "round between 0 and it, I + J staying local_groups + external_groups, from the "
+        "moving share of this node's own groups with signal: fewer with signal, more from "
+        "the swarm (sapo_node/mix.py). A node alone takes none, as with J = 0.",
+    )
     optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
     optimizer_state: Literal["bfloat16", "float32"] = Field(
         "bfloat16",
@@ -401,6 +410,14 @@ class TrainSection(_Section):
     def _checks(self) -> TrainSection:
         if self.local_groups + self.external_groups < 1:
             raise ValueError("local_groups + external_groups must be at least 1")
+        if self.external_max is not None and (
+            self.external_max > self.local_groups + self.external_groups
+        ):
+            raise ValueError(
+                f"external_max ({self.external_max}) must be at most local_groups + "
+                f"external_groups ({self.local_groups + self.external_groups}): J is part "
+                "of a round's I + J"
+            )
         for b in self.betas:
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"betas must be in [0, 1), got {self.betas}")
@@ -410,11 +427,13 @@ class TrainSection(_Section):
 class PoolSection(_Section):
     """Where peers' groups wait, checked and scored, until a round takes them."""
 
-    sampling: Literal["paper", "uniform", "balanced"] = Field(
+    sampling: Literal["paper", "uniform", "balanced", "teaching"] = Field(
         "paper",
         description="paper: drop groups whose completions all scored the same, then uniform; "
         "uniform: any group; balanced: groups with signal, spread across authors and "
-        "families, mixed rewards favoured.",
+        "families, mixed rewards favoured; teaching: groups with signal, spread across "
+        "authors, weighted by reward variance times this node's own recent failure rate "
+        "on the family (sapo_node/pool.py).",
     )
     max_groups: int = Field(4096, ge=1, le=10_000_000, description="Most groups held.")
     max_mb: int = Field(256, ge=1, le=1_000_000, description="Most MiB of messages held.")

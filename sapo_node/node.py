@@ -61,6 +61,7 @@ from sapo_node.defence import Defence, cut_after_answer
 from sapo_node.evaluate import EvalReport, evaluate
 from sapo_node.intake import Intake, Verdict
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
+from sapo_node.mix import Mix, choose_external
 from sapo_node.net import NetStats, Transport
 from sapo_node.policy import Policy, load_policy
 from sapo_node.pool import Pool, PooledGroup
@@ -282,6 +283,7 @@ class Node:
         self.store = CheckpointStore(self.data_dir, keep=config.node.keep_checkpoints)
         self.round = 0
         self.cumulative_reward = 0.0
+        self.mix = Mix()  # own groups' signal and per-family reward: J and the need
         self.failure: str | None = None
         # What the status endpoint reads: the loop's progress, the last round recorded
         # and the last one that ran the held-out evaluation.
@@ -296,13 +298,17 @@ class Node:
         s, timer = self.config.train, Timer(self.progress)
         with timer("round"):
             inbound = self._take_in()
-            external = self._take_external(r) if self.trains else []
+            j, why = choose_external(
+                s.external_groups, s.external_max, self.mix.signal_rate, len(self.pool)
+            )
+            external = self._take_external(r, j) if self.trains else []
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
             with timer("generate"):
                 local, new_tokens = self._generate(tasks, r)
             with timer("score"):
                 self._score(local)
+            self.mix.observe((g.task.ref.family, g.rewards) for g in local)
             published = self._share(local, r)
             theirs = [self._as_group(p) for p in external]
             screened: Counter[str] = Counter()
@@ -326,6 +332,9 @@ class Node:
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
         record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
+        record.update({"train/external_target": j, "train/own_signal_rate": self.mix.signal_rate})
+        if s.external_max is not None:
+            log.info("J chosen", round=r, j=j, reason=why)
         record.update({f"defence/{k}": v for k, v in sorted(screened.items())})
         record.update(_age_record(theirs, r, self.pool.clock()))
         record.update(self._net_record(published, inbound))
@@ -386,13 +395,14 @@ class Node:
         if rest > 0 and not (self.config.node.rounds and self.round >= self.config.node.rounds):
             self.stop.wait(rest)
 
-    def _take_external(self, r: int) -> list[PooledGroup]:
-        """J groups from the pool; none if the pool cannot be read (the round goes on)."""
-        count = self.config.train.external_groups
+    def _take_external(self, r: int, count: int) -> list[PooledGroup]:
+        """Up to ``count`` (J) groups from the pool; none if the pool cannot be read (the
+        round goes on)."""
         rng = random.Random(f"{self.seed}:pool:{r}")
+        need = self.mix.need()
         try:
             if self.defence is None:
-                return self.pool.sample(count, rng)
+                return self.pool.sample(count, rng, need=need)
             cap = max(1, int(count * self.config.defence.max_author_share))
             d = self.defence
             return self.pool.sample(
@@ -401,6 +411,7 @@ class Node:
                 per_author=cap,
                 exclude=d.distrusted_authors(),
                 together=d.suspects(),
+                need=need,
             )
         except sqlite3.Error as exc:
             log.error("cannot read the pool: this round uses own groups only", error=str(exc))
@@ -668,6 +679,7 @@ class Node:
             "seed": self.seed,
             "cumulative_reward": self.cumulative_reward,
             "curriculum": self.curriculum.state_dict(),
+            "mix": self.mix.state_dict(),
             "metrics_offset": self.metrics.offset(),
             "fingerprint": self.config.fingerprint(),
             "sapo_node": __version__,
@@ -711,6 +723,7 @@ class Node:
         self.round = int(st["round"])
         self.cumulative_reward = float(st["cumulative_reward"])
         self.curriculum.load_state_dict(st["curriculum"])
+        self.mix.load_state_dict(st.get("mix", {}))  # absent before 0.3.1: starts afresh
         self.metrics.truncate(int(st["metrics_offset"]))
         log.info("resumed", round=self.round, checkpoint=str(path))
 

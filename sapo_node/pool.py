@@ -37,7 +37,11 @@ functions of the candidates, behind one signature:
   verifier (zero advantage: no gradient), then draw uniformly, as in the paper;
 - ``uniform``: draw from every group, as the open demo did;
 - ``balanced``: groups with signal only, spread across authors and families, and
-  favouring mixed rewards. See ``sample_balanced`` for why it should do better.
+  favouring mixed rewards. See ``sample_balanced`` for why it should do better;
+- ``teaching``: groups with signal only, spread across authors, and within an author
+  weighted by how much a group can teach this node: its reward variance times this
+  node's own recent failure rate on the group's family (``Candidate.need``, given by
+  the round: ``Pool.sample(need=)``). See ``sample_teaching``.
 """
 
 from __future__ import annotations
@@ -51,8 +55,8 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +107,7 @@ class Candidate:
     family: str
     spread: float  # population std of the rewards; 0 means no GRPO signal
     received: float
+    need: float = 1.0  # this node's recent failure rate on the family (``sample_teaching``)
 
     @property
     def has_signal(self) -> bool:
@@ -174,10 +179,52 @@ def sample_balanced(cands: Sequence[Candidate], count: int, rng: random.Random) 
     return picks
 
 
+def sample_teaching(cands: Sequence[Candidate], count: int, rng: random.Random) -> list[int]:
+    """Groups with signal, one author at a time, each drawn with weight ``spread**2 *
+    need``: what can teach this node most, without letting any author decide what it is.
+
+    Why these weights:
+    - GRPO's update from a group is its advantages times the completions' gradients; the
+      advantages' variance is the rewards' variance (``spread**2``; p(1 - p) for 0/1
+      rewards): a 4-of-8 group carries about twice the signal of a 1-of-8 one and an
+      all-same group none (the paper's filter, and DAPO's dynamic sampling, drop those).
+    - ``need`` is 1 minus this node's own recent mean reward on the group's family
+      (floored; 1 for a family it has not tried): a peer's solved group on a task where
+      this node fails is an experience its own sampling rarely produces, which is SAPO's
+      stated lever ("aha moments" spread from nodes that found them). Tasks it already
+      solves teach little more: their own groups already carry that signal.
+    - Authors take turns, as in ``balanced``: each pick goes to an author picked least so
+      far. The weights are this node's own (its verifier's rewards, its own failure
+      rates), but a peer can still aim at them: copy half of a task's right answers
+      into a group on this node's weakest family and every such group weighs the most.
+      Turns cap what a hostile peer gains from that at its share of the authors (the
+      per-peer cap and the suspects' joint cap apply on top, ``Pool.sample``).
+    Cheap: no forward pass, one weighted draw per pick over the chosen author's groups.
+    """
+    by_author: dict[str, list[Candidate]] = {}
+    for c in cands:
+        if c.has_signal:
+            by_author.setdefault(c.author, []).append(c)
+    picks: list[int] = []
+    author_picks: Counter[str] = Counter()
+    while len(picks) < count and by_author:
+        least = min(author_picks[a] for a in by_author)
+        author = rng.choice(sorted(a for a in by_author if author_picks[a] == least))
+        pool = by_author[author]
+        chosen = rng.choices(pool, weights=[c.spread**2 * c.need for c in pool])[0]
+        picks.append(chosen.key)
+        author_picks[author] += 1
+        pool.remove(chosen)
+        if not pool:
+            del by_author[author]
+    return picks
+
+
 POLICIES: dict[str, SamplingPolicy] = {
     "paper": sample_paper,
     "uniform": sample_uniform,
     "balanced": sample_balanced,
+    "teaching": sample_teaching,
 }
 
 
@@ -362,16 +409,20 @@ class Pool:
         per_author: int | None = None,
         exclude: Collection[str] = (),
         together: Collection[str] = (),
+        need: Mapping[str, float] | None = None,
     ) -> list[PooledGroup]:
         """Take up to ``count`` groups out, chosen by the sampling policy; with
         ``per_author``, at most that many from any one author (the policy's order, the
         rest skipped), the authors in ``together`` counted as one, and none from the
-        authors in ``exclude`` (they stay pooled)."""
+        authors in ``exclude`` (they stay pooled). ``need``: this node's failure rate
+        per family, for the policies that weigh it (``Candidate.need``; 1 if absent)."""
         if count <= 0:
             return []
         with self._lock, self._consistent():
             self._expire(self.clock())
             cands = [c for c in self._index.values() if c.author not in exclude]
+            if need is not None:
+                cands = [replace(c, need=need.get(c.family, 1.0)) for c in cands]
             policy = POLICIES[self.sampling]
             if per_author is None or per_author >= count:
                 keys = policy(cands, count, rng)

@@ -184,12 +184,11 @@ def format_summary(nodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The results: per configuration (label -> node summaries, in node order) the totals,
     ratio to J = 0 and paired sign-flip tests against J = 0 by node seed; a configuration
-    with a solver member is also tested against the same I/J without one."""
+    with another sampling policy, adaptive J or a solver member is also tested against the
+    same I/J without it."""
     rounds = spec.experiment.rounds
     order = [a for a in arms(spec) if a.label in data]
-    baseline = next(
-        (a for a in order if a.external == 0 and a.sampling is None and a.solver is None), None
-    )
+    baseline = next((a for a in order if a.external == 0 and a.plain), None)
     base_nodes = data.get(baseline.label) if baseline else None
     out: dict[str, Any] = {"rounds": rounds, "configurations": []}
     for a in order:
@@ -211,6 +210,7 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
             "format": format_summary(nodes),
             "mechanism": [mechanism(nodes, h, rounds) for h in (0, 1)],
             "solver": a.solver,
+            "external_max": a.external_max,
             "nodes": nodes,
         }
         if base_nodes is not None and a is not baseline:
@@ -223,11 +223,8 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
                 entry["by_replicate"],
                 sum(n["cumulative_reward"] for n in base_nodes),
             )
-        plain = next(
-            (p for p in order if p.ratio == a.ratio and p.sampling is None and p.solver is None),
-            None,
-        )
-        if a.solver is not None and plain is not None:
+        plain = next((p for p in order if p.ratio == a.ratio and p.plain), None)
+        if not a.plain and plain is not None:
             entry["versus_plain"] = {"label": plain.label, **_versus(nodes, data[plain.label])}
         out["configurations"].append(entry)
     base_total = next(
@@ -454,17 +451,22 @@ def _mechanism_table(results: dict[str, Any]) -> list[str]:
 
 def _label(c: dict[str, Any]) -> str:
     ratio = c["label"].split(" ")[0]
-    return f"{ratio} + solver ({c['solver']:g})" if c.get("solver") is not None else ratio
+    if c.get("solver") is not None:
+        return f"{ratio} + solver ({c['solver']:g})"
+    if c.get("external_max") is not None:
+        return f"{ratio}, J adaptive up to {c['external_max']}"
+    return ratio
 
 
 def _format_table(results: dict[str, Any]) -> list[str]:
-    """The answer format of the nodes' own completions, and the solver comparisons."""
+    """The answer format of the nodes' own completions, and each configuration against
+    its plain I/J (another sampling policy, adaptive J, a solver member)."""
     lines = [
         "",
-        "## Answer format and the solver member",
+        "## Answer format, and against the same I/J",
         "",
         f"| I / J | sampling | format rate, rounds 0-{FORMAT_WINDOW - 1} "
-        f"| first round at {_pct(FORMAT_TARGET)} | vs same I/J without solver: "
+        f"| first round at {_pct(FORMAT_TARGET)} | vs same I/J plain: "
         "reward diff (p) | held-out diff (p) |",
         "|---|---|---|---|---|---|",
     ]
@@ -493,7 +495,8 @@ def _format_table(results: dict[str, Any]) -> list[str]:
         "`<answer>...</answer>` (mean over nodes per round). A solver member (solver.py) "
         "shares groups in that format with the given accuracy; the nodes train on them only "
         "through the pool, like any peer's.",
-        "- vs same I/J: paired by node seed, the sum over nodes of the cumulative-reward "
+        "- vs same I/J plain: against the same I/J with the base config's sampling, fixed J "
+        "and no solver; paired by node seed, the sum over nodes of the cumulative-reward "
         "difference and the mean final held-out greedy difference, with the sign-flip p.",
     ]
     return lines

@@ -16,7 +16,7 @@ from sapo_node.config import Config, ConfigError, EvalSection, _deep_merge, _des
 
 SEED_SPACING = 2**40  # node seeds this far apart: their task streams never overlap
 SOLVER_INDEX = 10**6  # the solver member of replicate k has the seed of node SOLVER_INDEX + k
-Sampling = Literal["paper", "uniform", "balanced"]
+Sampling = Literal["paper", "uniform", "balanced", "teaching"]
 
 
 class ExperimentSection(BaseModel):
@@ -35,6 +35,12 @@ class ExperimentSection(BaseModel):
         default_factory=list, description="Other pool sampling policies, run at sampling_ratio."
     )
     sampling_ratio: str = Field("2/2", description="The I/J of the sampling configurations.")
+    adaptive: list[int] = Field(
+        default_factory=list,
+        description="Bounds of adaptive J (train.external_max); each adds a configuration at "
+        "adaptive_ratio whose nodes choose J each round up to it.",
+    )
+    adaptive_ratio: str = Field("2/2", description="The I/J of the adaptive configurations.")
     solver: list[float] = Field(
         default_factory=list,
         description="Accuracies of a solver member (solver.py); each adds a configuration at "
@@ -52,6 +58,15 @@ class ExperimentSection(BaseModel):
     def _grid(self) -> ExperimentSection:
         grid = [parse_ratio(g) for g in self.grid]
         ratios = grid + ([parse_ratio(self.sampling_ratio)] if self.sampling else [])
+        if self.adaptive:
+            i, j = parse_ratio(self.adaptive_ratio)
+            ratios.append((i, j))
+            if any(not 0 < m <= i + j for m in self.adaptive) or len(set(self.adaptive)) != len(
+                self.adaptive
+            ):
+                raise ValueError(
+                    f"adaptive bounds must be distinct, in [1, I + J]: {self.adaptive}"
+                )
         if self.solver:
             ratios.append(parse_ratio(self.solver_ratio))
             if parse_ratio(self.solver_ratio)[1] == 0:
@@ -62,7 +77,10 @@ class ExperimentSection(BaseModel):
                 raise ValueError(f"solver accuracies must be distinct, in [0, 1]: {self.solver}")
         totals = {i + j for i, j in ratios}
         if len(totals) != 1:
-            raise ValueError(f"I + J must be the same in grid and sampling_ratio, got {totals}")
+            raise ValueError(
+                f"I + J must be the same in grid, sampling_ratio, adaptive_ratio and "
+                f"solver_ratio, got {totals}"
+            )
         if not any(j == 0 for _, j in grid):
             raise ValueError("the grid needs the baseline, a ratio with J = 0 (e.g. '4/0')")
         if len(set(self.grid)) != len(self.grid):
@@ -104,11 +122,17 @@ def parse_ratio(text: str) -> tuple[int, int]:
 class Arm:
     """One configuration of the experiment."""
 
-    label: str  # "2/2", "2/2 uniform" or "2/2 solver 0.8"
+    label: str  # "2/2", "2/2 uniform", "2/2 adaptive 4" or "2/2 solver 0.8"
     local: int
     external: int
     sampling: str | None  # None: the base config's pool.sampling
     solver: float | None = None  # the accuracy of the swarm's solver member, if it has one
+    external_max: int | None = None  # adaptive J up to this (train.external_max)
+
+    @property
+    def plain(self) -> bool:
+        """Its I/J with the base config: no other sampling, no adaptive J, no solver."""
+        return self.sampling is None and self.solver is None and self.external_max is None
 
     @property
     def ratio(self) -> str:
@@ -119,14 +143,21 @@ class Arm:
         name = f"{self.local}-{self.external}"
         if self.solver is not None:
             return f"{name}-solver-{self.solver:g}"
+        if self.external_max is not None:
+            return f"{name}-adaptive-{self.external_max}"
         return f"{name}-{self.sampling}" if self.sampling else name
 
 
 def arms(spec: ExperimentSpec) -> list[Arm]:
-    """Every configuration: the grid, then the sampling policies at their ratio."""
+    """Every configuration: the grid, then the sampling policies, the adaptive J bounds
+    and the solver members, each at its ratio."""
     e = spec.experiment
     out = [Arm(g, *parse_ratio(g), None) for g in e.grid]
     out += [Arm(f"{e.sampling_ratio} {s}", *parse_ratio(e.sampling_ratio), s) for s in e.sampling]
+    out += [
+        Arm(f"{e.adaptive_ratio} adaptive {m}", *parse_ratio(e.adaptive_ratio), None, None, m)
+        for m in e.adaptive
+    ]
     out += [
         Arm(f"{e.solver_ratio} solver {p:g}", *parse_ratio(e.solver_ratio), None, p)
         for p in e.solver
@@ -158,7 +189,11 @@ def node_config(spec: ExperimentSpec, a: Arm, index: int, out: Path) -> Config:
             "checkpoint_every": e.checkpoint_every,
             "threads": e.threads,
         },
-        "train": {"local_groups": a.local, "external_groups": a.external},
+        "train": {
+            "local_groups": a.local,
+            "external_groups": a.external,
+            "external_max": a.external_max,
+        },
         "curriculum": {"enabled": False},
         "net": {"enabled": False},
         "eval": {**spec.eval.model_dump(), "every": 0},  # the experiment runs the evals

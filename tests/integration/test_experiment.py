@@ -13,6 +13,7 @@ import pytest
 from sapo_node.cli import main
 from sapo_node.config import ConfigError
 from sapo_node.experiment import ExperimentSpec, arms, load_spec, node_seed, run_experiment
+from sapo_node.experiment.spec import node_config
 from tests.support.cli import run_cli
 
 FAMILY = "tests.support.families:Sevens"
@@ -157,6 +158,17 @@ def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) ->
         load_spec(good, {"base": {"train": {"lr": -1}}})
     spec = ExperimentSpec.model_validate({"experiment": {"sampling": ["uniform"]}})
     assert [a.dirname for a in arms(spec)][-1] == "2-2-uniform"
+    spec = ExperimentSpec.model_validate(
+        {"experiment": {"sampling": ["teaching"], "adaptive": [3, 4], "adaptive_ratio": "3/1"}}
+    )
+    adaptive = arms(spec)[-2:]
+    assert [a.label for a in adaptive] == ["3/1 adaptive 3", "3/1 adaptive 4"]
+    assert [a.dirname for a in adaptive] == ["3-1-adaptive-3", "3-1-adaptive-4"]
+    train = node_config(spec, adaptive[1], 0, tmp_path).train
+    assert (train.local_groups, train.external_groups, train.external_max) == (3, 1, 4)
+    assert node_config(spec, arms(spec)[0], 0, tmp_path).train.external_max is None
+    with pytest.raises(ConfigError, match="adaptive bounds"):
+        load_spec(good, {"experiment": {"adaptive": [5]}})  # more than I + J = 4
 
 
 def test_a_solver_member_shares_checked_groups_that_the_nodes_train_on(

@@ -29,6 +29,7 @@ from sapo_node.pool import (
     group_digest,
     reward_spread,
     sample_balanced,
+    sample_teaching,
 )
 from sapo_node.tasks import TaskRef, generator_of, make_task
 
@@ -445,6 +446,56 @@ def test_balanced_favours_higher_spread() -> None:
     chosen = Counter(sample_balanced(cands, 1, rng)[0] for _ in range(3000))
     # Expected 5:1 (weights 0.5 and 0.1); a wide margin on both sides.
     assert 3 * chosen[2] < chosen[1] < 8 * chosen[2]
+
+
+def test_teaching_weighs_reward_variance_times_the_nodes_need() -> None:
+    # one author: a 4-of-8 group (spread 0.5) on a family this node fails, the same on a
+    # family it solves, and a 1-of-8 group (spread 0.33) on the failed family
+    cands = [
+        Candidate(1, "a", "failed", 0.5, T0, need=1.0),
+        Candidate(2, "a", "solved", 0.5, T0, need=0.05),
+        Candidate(3, "a", "failed", 0.33, T0, need=1.0),
+    ]
+    rng = random.Random(7)
+    chosen = Counter(sample_teaching(cands, 1, rng)[0] for _ in range(4000))
+    # weights 0.25, 0.0125 and 0.109: 1 about 2.3x as often as 3, 3 about 9x as often as 2
+    assert 1.6 * chosen[3] < chosen[1] < 3.2 * chosen[3]
+    assert 5 * chosen[2] < chosen[3]
+
+
+def test_a_peer_aiming_at_the_teaching_weights_gets_no_more_than_its_turns() -> None:
+    """A hostile peer fills the pool with the heaviest groups there can be (half right,
+    on the family this node fails most); two honest peers send ordinary ones. Turns
+    between authors give it at most its share of the picks, whatever the weights."""
+    attacker = [Candidate(k, "attacker", "failed", 0.5, T0, need=1.0) for k in range(200)]
+    honest = [
+        Candidate(1000 + k, f"honest-{k % 2}", "solved", 0.2, T0, need=0.05) for k in range(6)
+    ]
+    for seed in range(100):
+        picks = sample_teaching(attacker + honest, 3, random.Random(seed))
+        assert sum(k < 1000 for k in picks) == 1
+        picks = sample_teaching(attacker + honest, 6, random.Random(seed))
+        assert sum(k < 1000 for k in picks) == 2
+    # without turns (one weighted draw over all groups) it would take nearly every pick
+    pool = attacker + honest
+    weights = [c.spread**2 * c.need for c in pool]
+    rng = random.Random(0)
+    drawn = [rng.choices(pool, weights=weights)[0].author for _ in range(1000)]
+    assert drawn.count("attacker") > 990
+
+
+def test_the_pool_gives_its_candidates_the_nodes_need(tmp_path: Path) -> None:
+    p = make_pool(tmp_path / "pool.sqlite3", sampling="teaching")
+    for n in range(40):
+        p.add(*entry("a", n, family="basic_arithmetic"))
+        p.add(*entry("a", 100 + n, family="tests.support.families:Sevens"))
+    need = {"basic_arithmetic": 0.05, "tests.support.families:Sevens": 1.0}
+    taken = Counter()
+    for r in range(10):
+        taken.update(g.group.ref.family for g in p.sample(2, random.Random(r), need=need))
+    # weights 1.0 against 0.05 per group: about 19 of 20 picks on the family it needs
+    assert taken["tests.support.families:Sevens"] >= 16, taken
+    p.close()
 
 
 def test_the_rate_limiter_never_tracks_more_than_its_bound() -> None:

@@ -1,0 +1,106 @@
+"""A round's mix of own and shared groups: how many to take from the swarm (J), and which
+families this node needs most. Pure functions and one small state that a checkpoint keeps.
+
+SAPO fixes I (own groups) and J (peers' groups) by hand, and the best ratio depended on
+the swarm: the paper's 4/4 nearly doubled a lone node's reward, its 2/6 learned then
+forgot. With ``train.external_max`` set, J is chosen each round between 0 and it, I + J
+staying ``local_groups + external_groups``, from one thing this node observes for free:
+the share of its own recent groups that had signal (rewards that differ; a group whose
+completions all scored alike gives GRPO nothing). A node whose own groups mostly have
+signal learns from itself and takes few; one whose own groups are mostly all-wrong (or,
+later, all-right) takes more from the swarm, whose groups the pool keeps only with signal
+under ``paper``, ``balanced`` and ``teaching``. A node alone, or with nothing pooled,
+takes nothing and makes I + J groups of its own: the same round as J = 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SMOOTHING = 0.2  # weight of the newest round in each moving average
+MIN_NEED = 0.05  # a family this node always solves still gets some weight
+
+
+def choose_external(
+    configured: int, most: int | None, signal_rate: float | None, pooled: int
+) -> tuple[int, str]:
+    """J for this round, and why.
+
+    ``configured``: ``train.external_groups``; ``most``: ``train.external_max`` (None: J
+    is fixed); ``signal_rate``: the moving share of own groups with signal (None before
+    the first round); ``pooled``: groups waiting in the pool.
+
+    >>> choose_external(2, None, 0.9, 10)
+    (2, 'fixed')
+    >>> choose_external(2, 4, 0.25, 0)
+    (0, 'nothing pooled')
+    >>> choose_external(2, 4, None, 10)
+    (2, 'no own round yet: J as configured')
+    >>> choose_external(2, 4, 0.25, 10)
+    (3, 'own groups with signal 0.25: J 3 of at most 4')
+    >>> choose_external(2, 4, 1.0, 10)
+    (0, 'own groups with signal 1.00: J 0 of at most 4')
+    """
+    if most is None:
+        return configured, "fixed"
+    if pooled == 0:
+        return 0, "nothing pooled"
+    if signal_rate is None:
+        return min(configured, most), "no own round yet: J as configured"
+    j = max(0, min(most, round(most * (1.0 - signal_rate))))
+    return j, f"own groups with signal {signal_rate:.2f}: J {j} of at most {most}"
+
+
+def moving(previous: float | None, value: float, weight: float = SMOOTHING) -> float:
+    """An exponential moving average; the first value starts it.
+
+    >>> moving(None, 0.5)
+    0.5
+    >>> round(moving(0.5, 1.0, 0.2), 3)
+    0.6
+    """
+    return value if previous is None else (1.0 - weight) * previous + weight * value
+
+
+@dataclass
+class Mix:
+    """What this node has seen of its own groups: the moving share with signal, and the
+    moving mean reward per family. Kept in the checkpoint's state."""
+
+    signal_rate: float | None = None
+    family_reward: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, groups: Iterable[tuple[str, Sequence[float]]]) -> None:
+        """One round's own groups, as (family, rewards)."""
+        groups = list(groups)
+        if not groups:
+            return
+        with_signal = sum(len(set(rewards)) > 1 for _, rewards in groups)
+        self.signal_rate = moving(self.signal_rate, with_signal / len(groups))
+        by_family: dict[str, list[float]] = {}
+        for family, rewards in groups:
+            by_family.setdefault(family, []).extend(rewards)
+        for family, rewards in by_family.items():
+            mean = sum(rewards) / len(rewards)
+            self.family_reward[family] = moving(self.family_reward.get(family), mean)
+
+    def need(self) -> dict[str, float]:
+        """Per family: 1 minus the moving mean reward, at least ``MIN_NEED``. A family
+        not in it has not been tried here: ``Pool.sample`` gives it 1.
+
+        >>> m = Mix()
+        >>> m.observe([("sums", [1.0, 1.0]), ("primes", [0.0, 1.0])])
+        >>> m.need()
+        {'sums': 0.05, 'primes': 0.5}
+        """
+        return {f: max(MIN_NEED, 1.0 - r) for f, r in self.family_reward.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"signal_rate": self.signal_rate, "family_reward": dict(self.family_reward)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rate = state.get("signal_rate")
+        self.signal_rate = None if rate is None else float(rate)
+        self.family_reward = {str(k): float(v) for k, v in state.get("family_reward", {}).items()}

@@ -1,0 +1,52 @@
+"""A round's mix (sapo_node/mix.py): J from the own groups' signal, the need per family,
+and its state through a checkpoint."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from sapo_node import mix as mix_module
+from sapo_node.mix import MIN_NEED, Mix, choose_external
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(mix_module).failed == 0
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1, 0.33, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("most", [0, 1, 4, 8])
+def test_j_stays_within_its_bound_and_falls_as_own_signal_rises(rate: float, most: int) -> None:
+    j, why = choose_external(2, most, rate, 10)
+    assert 0 <= j <= most and str(j) in why
+    assert j >= choose_external(2, most, min(1.0, rate + 0.25), 10)[0]
+
+
+def test_fixed_j_ignores_what_the_node_sees() -> None:
+    assert choose_external(3, None, 0.0, 10) == (3, "fixed")
+    assert choose_external(3, None, None, 0) == (3, "fixed")
+
+
+def test_a_node_with_nothing_pooled_takes_nothing() -> None:
+    assert choose_external(2, 4, 0.0, 0) == (0, "nothing pooled")
+
+
+def test_own_rounds_move_the_signal_rate_and_the_need() -> None:
+    m = Mix()
+    flat, mixed = [0.0] * 4, [1.0, 0.0, 0.0, 0.0]
+    m.observe([("a", flat), ("a", flat), ("b", mixed), ("b", flat)])
+    assert m.signal_rate == 0.25
+    assert m.need() == {"a": 1.0, "b": pytest.approx(1 - 1 / 8)}
+    for _ in range(30):  # it learns family a: every completion right, no signal left
+        m.observe([("a", [1.0] * 4), ("b", mixed)])
+    assert m.signal_rate == pytest.approx(0.5, abs=0.01)
+    assert m.need()["a"] == MIN_NEED
+    m.observe([])  # a round with no own group (J took them all) changes nothing
+    assert m.signal_rate == pytest.approx(0.5, abs=0.01)
+    again = Mix()
+    again.load_state_dict(m.state_dict())
+    assert again == m
+    fresh = Mix()
+    fresh.load_state_dict({})  # a checkpoint from before the mix was kept
+    assert fresh == Mix()
