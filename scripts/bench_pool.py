@@ -11,11 +11,13 @@ Prints, in one process:
   d. the intake's cost per group against one round's generate time: measured here on the
      embedded model when ``--model-cache DIR`` holds its safetensors copy, otherwise taken
      from ``--generate-s`` (by default the figure in docs/benchmarks.md, not measured here);
-  e. paper vs balanced sampling on a skewed swarm (one author publishes 90% of the groups,
-     9 others the rest): distinct authors per draw, reward spread of the groups drawn,
-     share of the draws that go to the dominant author; once on fresh snapshots of a
-     skewed pool (the policy alone), once through a node's Pool with the default bounds
-     (draws take groups out, quotas and expiry act).
+  e. paper, balanced and teaching sampling on a skewed swarm (one author publishes 90% of
+     the groups, 9 others the rest; the node fails one family, need 1, and mostly solves
+     the others, need 0.2): distinct authors per draw, reward spread of the groups drawn,
+     share of the draws on the family it fails (1 in 9 of the groups), share of the draws
+     that go to the dominant author; once on fresh snapshots of a skewed pool (the policy
+     alone), once through a node's Pool with the default bounds (draws take groups out,
+     quotas and expiry act).
 
 DIR for --model-cache is a node's ``models`` directory (data_dir/models), as made by
 sapo_node.policy on a first start.
@@ -359,7 +361,11 @@ def bench_cost(
         )
 
 
-# --- e. paper vs balanced ------------------------------------------------------------------
+# --- e. paper, balanced, teaching ------------------------------------------------------------
+
+# What the simulated node needs (``Candidate.need``): it fails the first family.
+NEED = {f: 1.0 if i == 0 else 0.2 for i, f in enumerate(PAPER_FAMILIES)}
+POLICIES_COMPARED = ("paper", "balanced", "teaching")
 
 
 def skewed_stream(rng: random.Random, n: int) -> list[tuple[str, str, float]]:
@@ -371,33 +377,41 @@ def skewed_stream(rng: random.Random, n: int) -> list[tuple[str, str, float]]:
     return out
 
 
-def draw_stats(draws: list[list[tuple[str, float]]]) -> tuple[float, float, float]:
-    """Mean distinct authors per draw, mean spread per group, dominant's share of groups."""
+def draw_stats(draws: list[list[tuple[str, float, str]]]) -> tuple[float, float, float, float]:
+    """Mean distinct authors per draw, mean spread per group, the failed family's share
+    of the groups, the dominant author's share."""
     picked = [g for d in draws for g in d]
     return (
-        statistics.mean(len({a for a, _ in d}) for d in draws),
-        statistics.mean(s for _, s in picked),
-        sum(a == "dominant" for a, _ in picked) / len(picked),
+        statistics.mean(len({a for a, _, _ in d}) for d in draws),
+        statistics.mean(s for _, s, _ in picked),
+        sum(f == PAPER_FAMILIES[0] for _, _, f in picked) / len(picked),
+        sum(a == "dominant" for a, _, _ in picked) / len(picked),
     )
 
 
 def bench_policies(rounds: int = 200, draw: int = 4) -> None:
-    print(f"e. paper vs balanced, J={draw} per round, {rounds} rounds, rewards 8 x Bernoulli(p)")
+    print(
+        f"e. {', '.join(POLICIES_COMPARED)}, J={draw} per round, {rounds} rounds, rewards "
+        "8 x Bernoulli(p)"
+    )
     # 1. The policy alone: each round a fresh snapshot of 400 groups, 90% from one author.
-    static: dict[str, list[list[tuple[str, float]]]] = {"paper": [], "balanced": []}
+    static: dict[str, list[list[tuple[str, float, str]]]] = {n: [] for n in POLICIES_COMPARED}
     for name in static:
         rng = random.Random(11)  # the same pools for both policies
         for _ in range(rounds):
             cands = []
             for k, (author, family, p) in enumerate(skewed_stream(rng, 400)):
                 rewards = [1.0 if rng.random() < p else 0.0 for _ in range(COMPLETIONS)]
-                cands.append(Candidate(k, author, family, reward_spread(rewards), 0.0))
+                spread = reward_spread(rewards)
+                cands.append(Candidate(k, author, family, spread, 0.0, need=NEED[family]))
             by_key = {c.key: c for c in cands}
             keys = POLICIES[name](cands, draw, rng)
-            static[name].append([(by_key[k].author, by_key[k].spread) for k in keys])
+            static[name].append(
+                [(by_key[k].author, by_key[k].spread, by_key[k].family) for k in keys]
+            )
     # 2. A node's pool under the default bounds: 10 nodes publish 4 groups a round (40 a
     # round, 36 of them from the dominant author), rounds of 32 s, draws take groups out.
-    live: dict[str, list[list[tuple[str, float]]]] = {"paper": [], "balanced": []}
+    live: dict[str, list[list[tuple[str, float, str]]]] = {n: [] for n in POLICIES_COMPARED}
     held_share: dict[str, float] = {}
     stream_rng = random.Random(12)
     stream = skewed_stream(stream_rng, 40 * rounds)
@@ -413,21 +427,26 @@ def bench_policies(rounds: int = 200, draw: int = 4) -> None:
         for r in range(rounds):
             for item, data, digest in entries[40 * r : 40 * (r + 1)]:
                 pool.add(item, data, digest)
-            got = pool.sample(draw, rng)
+            got = pool.sample(draw, rng, need=NEED)
             drawn.update(g.author for g in got)
-            live[name].append([(g.author, reward_spread(g.rewards)) for g in got])
+            live[name].append(
+                [(g.author, reward_spread(g.rewards), g.group.ref.family) for g in got]
+            )
             shares.append(_dominant_held(pool.counts(), drawn))
             now[0] += 32.0
         held_share[name] = statistics.mean(shares)
         pool.close()
     print(
-        "   | pool | policy | authors per draw | spread per group | dominant's share |\n"
-        "   |---|---|---|---|---|"
+        "   | pool | policy | authors per draw | spread per group | on the failed family "
+        "| dominant's share |\n   |---|---|---|---|---|---|"
     )
     for label, results in (("snapshot, 90% one author", static), ("node's pool", live)):
         for name, draws in results.items():
-            authors, spread, dominant = draw_stats(draws)
-            print(f"   | {label} | {name} | {authors:.2f} | {spread:.3f} | {100 * dominant:.1f}% |")
+            authors, spread, failed, dominant = draw_stats(draws)
+            print(
+                f"   | {label} | {name} | {authors:.2f} | {spread:.3f} | {100 * failed:.1f}% "
+                f"| {100 * dominant:.1f}% |"
+            )
     print(
         "   dominant's share of the node's pool (mean over rounds): "
         + ", ".join(f"{k} {100 * v:.0f}%" for k, v in held_share.items())
