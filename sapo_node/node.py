@@ -344,6 +344,7 @@ class Node:
                 report = self.evaluate()
             if not self.stop.is_set():  # a stop cut it short: the round stands without it
                 record.update(report.metrics())
+                record["phase_s/eval"] = timer.seconds["eval"]
         return record
 
     def run(self) -> int:
@@ -650,6 +651,7 @@ class Node:
                 "curriculum/moves": {k: v for k, v in moves.items() if v},
                 "phase_s/generate": seconds.get("generate", 0.0),
                 "phase_s/score": seconds.get("score", 0.0),
+                "phase_s/screen": seconds.get("screen", 0.0),
                 "phase_s/train": seconds.get("train", 0.0),
                 "phase_s/round": seconds.get("round", 0.0),
                 "rollout/new_tokens": new_tokens,

@@ -74,6 +74,8 @@ from sapo_node.metrics import upgrade
 log = structlog.get_logger(__name__)
 
 STATUS_FILE = "status.json"
+# The phases of a round in the record (phase_s/<phase>); eval only in rounds that ran one.
+PHASES = ("generate", "score", "screen", "train", "eval", "round")
 MAX_AUTHORS_SHOWN = 200  # rows of the per-peer table in /status, the most active first
 STATIC = importlib.resources.files("sapo_node") / "static"
 STATIC_TYPES = {
@@ -357,7 +359,7 @@ def _round_metrics(r: dict[str, Any], gauge, labelled) -> None:
         "sapo_phase_seconds",
         "Seconds per phase of the last round.",
         "phase",
-        {p: r[f"phase_s/{p}"] for p in ("generate", "score", "train", "round")},
+        {p: r[f"phase_s/{p}"] for p in PHASES if f"phase_s/{p}" in r},
     )
     if "groups/external_age_s" in r:
         gauge(
