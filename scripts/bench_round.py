@@ -79,9 +79,11 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    from sapo_node.lifecycle import cap_kernel_caches
     from sapo_node.logs import configure_logging
 
     configure_logging()
+    cap_kernel_caches()  # as a node's program does, before any matrix product
     if args.rss_step:
         measure_training_rss(args)
         return
