@@ -156,25 +156,41 @@ def sample_balanced(cands: Sequence[Candidate], count: int, rng: random.Random) 
     90% of the groups, a draw of 4 covers 4.0 authors against paper's 1.39; the spread
     preference changes little (0.432 against 0.429), as most picks are single groups.
     """
+    family_picks: Counter[str] = Counter()
+
+    def pick(groups: list[Candidate]) -> Candidate:
+        fewest = min(family_picks[c.family] for c in groups)
+        options = [c for c in groups if family_picks[c.family] == fewest]
+        chosen = rng.choices(options, weights=[c.spread for c in options])[0]
+        family_picks[chosen.family] += 1
+        return chosen
+
+    return _in_turns(cands, count, rng, pick)
+
+
+def _in_turns(
+    cands: Sequence[Candidate],
+    count: int,
+    rng: random.Random,
+    pick: Callable[[list[Candidate]], Candidate],
+) -> list[int]:
+    """Up to ``count`` groups with signal, authors in turns: each pick goes to an author
+    picked least so far (ties at random), and ``pick`` chooses among its groups."""
     by_author: dict[str, list[Candidate]] = {}
     for c in cands:
         if c.has_signal:
             by_author.setdefault(c.author, []).append(c)
     picks: list[int] = []
     author_picks: Counter[str] = Counter()
-    family_picks: Counter[str] = Counter()
     while len(picks) < count and by_author:
         least = min(author_picks[a] for a in by_author)
         author = rng.choice(sorted(a for a in by_author if author_picks[a] == least))
-        pool = by_author[author]
-        fewest = min(family_picks[c.family] for c in pool)
-        options = [c for c in pool if family_picks[c.family] == fewest]
-        chosen = rng.choices(options, weights=[c.spread for c in options])[0]
+        groups = by_author[author]
+        chosen = pick(groups)
         picks.append(chosen.key)
         author_picks[author] += 1
-        family_picks[chosen.family] += 1
-        pool.remove(chosen)
-        if not pool:
+        groups.remove(chosen)
+        if not groups:
             del by_author[author]
     return picks
 
@@ -201,23 +217,12 @@ def sample_teaching(cands: Sequence[Candidate], count: int, rng: random.Random) 
       per-peer cap and the suspects' joint cap apply on top, ``Pool.sample``).
     Cheap: no forward pass, one weighted draw per pick over the chosen author's groups.
     """
-    by_author: dict[str, list[Candidate]] = {}
-    for c in cands:
-        if c.has_signal:
-            by_author.setdefault(c.author, []).append(c)
-    picks: list[int] = []
-    author_picks: Counter[str] = Counter()
-    while len(picks) < count and by_author:
-        least = min(author_picks[a] for a in by_author)
-        author = rng.choice(sorted(a for a in by_author if author_picks[a] == least))
-        pool = by_author[author]
-        chosen = rng.choices(pool, weights=[c.spread**2 * c.need for c in pool])[0]
-        picks.append(chosen.key)
-        author_picks[author] += 1
-        pool.remove(chosen)
-        if not pool:
-            del by_author[author]
-    return picks
+    return _in_turns(
+        cands,
+        count,
+        rng,
+        lambda groups: rng.choices(groups, weights=[c.spread**2 * c.need for c in groups])[0],
+    )
 
 
 POLICIES: dict[str, SamplingPolicy] = {
