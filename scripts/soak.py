@@ -111,7 +111,9 @@ from tests.support.tiny import build_tiny_model  # noqa: E402
 
 # The tests' tiny node (tests/support/swarm.py), with longer completions (--tokens) so
 # that a round takes seconds rather than 70 ms: the node's own groups (2 to 4 a round)
-# then stay within the 2 groups/s per author that peers accept.
+# then stay within the 2 groups/s per author that peers accept. No poisoning defences:
+# the tiny model's random completions fail their checks, and honest nodes distrusted
+# each other within a minute (they are measured in docs/security.md, not here).
 CONFIG = """
 [node]
 checkpoint_every = {checkpoint_every}
@@ -132,6 +134,8 @@ local_groups = 2
 external_groups = {external_groups}
 [pool]
 sampling = "uniform"
+[defence]
+enabled = false
 [net]
 swarm = "{swarm}"
 redial_s = 1.0
@@ -1057,7 +1061,7 @@ class Soak:
         held keeps its messages out), while the rogue was up, dialling it."""
         r = self.rogue
         status = [(e["time"] - self.wall0, e) for e in r.status()]
-        back = r.lives[1]["started"] if len(r.lives) > 1 else None
+        back = round(r.lives[1]["started"], 1) if len(r.lives) > 1 else None
         per_node, windows = {}, []
         for n in self.nodes:
             events = [(self._at(n, e), e) for life in n.lives for e in _events(life.log)]

@@ -1,7 +1,9 @@
-"""scripts/soak.py, for a short time: two real nodes, one SIGKILLed and restarted."""
+"""scripts/soak.py, for a short time: two real nodes, one SIGKILLed and restarted; and
+its options for harder runs refusing bad input."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -88,3 +90,28 @@ def test_an_interrupted_soak_leaves_no_process(tmp_path: Path) -> None:
             proc.kill()
             proc.wait(10)
     assert wait_until(lambda: not _left(out), 10), _left(out)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--partition-at", "60"], "--partition-at and --partition-for go together"),
+        (["--partition-at", "60", "--partition-for", "10"], "--partition-for at least 40 s"),
+        (
+            ["--duration", "300", "--partition-at", "60", "--partition-for", "60"],
+            "--partition-at + --partition-for + --heal-within must fit in --duration",
+        ),
+        (["--skewed-peer", "0"], "--skewed-peer must not be 0"),
+    ],
+)
+def test_bad_options_for_a_harder_soak_are_refused_with_a_clear_line(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    soak = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "soak", soak)  # for its dataclasses
+    spec.loader.exec_module(soak)
+    with pytest.raises(SystemExit) as exc:
+        soak.parse(["--out", "unused", *args])
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err
