@@ -86,12 +86,16 @@ def make_host(key: KeyPair | None = None):
     return host
 
 
-def invalid_payloads(count: int, names: list[str] | None = None) -> list[bytes]:
+def invalid_kinds(names: list[str] | None = None) -> list[bytes]:
+    """One payload of each invalid kind: the named vectors, or all of them and junk."""
     if names:
-        payloads = [(VECTORS / "invalid" / f"{name}.msgpack").read_bytes() for name in names]
-    else:
-        files = sorted((VECTORS / "invalid").glob("*.msgpack"))
-        payloads = [f.read_bytes() for f in files] + [b"not msgpack"]
+        return [(VECTORS / "invalid" / f"{name}.msgpack").read_bytes() for name in names]
+    files = sorted((VECTORS / "invalid").glob("*.msgpack"))
+    return [f.read_bytes() for f in files] + [b"not msgpack"]
+
+
+def invalid_payloads(count: int, names: list[str] | None = None) -> list[bytes]:
+    payloads = invalid_kinds(names)
     return [payloads[i % len(payloads)] for i in range(count)]
 
 
@@ -182,7 +186,7 @@ async def persist(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
     gossipsub = make_gossipsub(args.protocol)
     pubsub = Pubsub(host, gossipsub, strict_signing=True)
     infos = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in [bootstrap, *args.dial]]
-    payloads = invalid_payloads(len(list((VECTORS / "invalid").glob("*.msgpack"))) + 1)
+    payloads = invalid_kinds()
 
     async def dial() -> None:
         while True:
