@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,11 +46,13 @@ def _soak(out: Path, *args: str) -> subprocess.Popen:
 
 def test_a_short_soak_kills_one_node_which_resumes_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "soak"
+    # n1's clock 2 minutes ahead, where scripts/clock_skew.c can be built
+    skew = ["--skewed-peer", "120"] if shutil.which("cc") else []
     # once both run: a kill at 10 s (or when one has saved a checkpoint), the end at 20 s
     proc = _soak(
         out,
         *("--kill-every", "10", "--duration", "20", "--tokens", "32"),
-        *("--warmup", "0", "--settle", "5", "--sample-every", "2"),
+        *("--warmup", "0", "--settle", "5", "--sample-every", "2", *skew),
     )
     stdout, _ = proc.communicate(timeout=240)
     assert (out / "report.json").exists(), stdout
@@ -71,6 +74,9 @@ def test_a_short_soak_kills_one_node_which_resumes_and_reports(tmp_path: Path) -
     rss = survivor["rss"]  # the restarted one may not have settled before the end
     assert rss["first_mb"] > 50 and rss["last_mb"] > 50 and rss["growth_pct"] is not None
     assert rep["targets"]["every_restart_resumed"]["ok"], stdout
+    assert rep["targets"]["children_end_with_their_node"]["ok"], stdout
+    if skew:  # its groups are taken all the same (SPEC.md, the clock rule)
+        assert rep["targets"]["skewed_peer"]["ok"], stdout
     assert "restarts resumed: 1 of 1" in stdout
     assert len(json.loads((out / "state.json").read_text())["kills"]) == rep["kills"]
 
