@@ -159,6 +159,7 @@ ROGUE_INTERVAL_S = 1.0  # one invalid message a second
 ROGUE_RESTART_AFTER_S = 60.0  # after its first ban (or once every live node banned it)
 ROGUE_DOWN_S = 5.0
 ROGUE_CHECK_S = 120.0  # a banning node is killed only with at least this much ban left
+ROGUE_MIN_LINES = 6  # a window shows the ban held with 30 s of the rogue up (a line each 5 s)
 CLOCK_SKEW_C = REPO / "scripts" / "clock_skew.c"  # --skewed-peer's wall clock (why: there)
 _PR_SET_PDEATHSIG = 1
 
@@ -1107,7 +1108,7 @@ class Soak:
                 )
             per_node[n.name] = {"bans_at": bans, "first_ban_s": seconds}
         held = [w for w in windows if not w["refused_again"] and not w["banned_again"]]
-        covered = {w["after"] for w in windows if w["rogue_status_lines"] >= 6}
+        covered = {w["after"] for w in windows if w["rogue_status_lines"] >= ROGUE_MIN_LINES}
         ok = (
             bool(per_node)
             and len(held) == len(windows)
