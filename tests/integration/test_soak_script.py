@@ -1,9 +1,12 @@
-"""scripts/soak.py, for a short time: two real nodes, one SIGKILLed and restarted."""
+"""scripts/soak.py, for a short time: two real nodes, one SIGKILLed and restarted; and
+its options for harder runs refusing bad input."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,11 +46,13 @@ def _soak(out: Path, *args: str) -> subprocess.Popen:
 
 def test_a_short_soak_kills_one_node_which_resumes_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "soak"
+    # n1's clock 2 minutes ahead, where scripts/clock_skew.c can be built
+    skew = ["--skewed-peer", "120"] if shutil.which("cc") else []
     # once both run: a kill at 10 s (or when one has saved a checkpoint), the end at 20 s
     proc = _soak(
         out,
         *("--kill-every", "10", "--duration", "20", "--tokens", "32"),
-        *("--warmup", "0", "--settle", "5", "--sample-every", "2"),
+        *("--warmup", "0", "--settle", "5", "--sample-every", "2", *skew),
     )
     stdout, _ = proc.communicate(timeout=240)
     assert (out / "report.json").exists(), stdout
@@ -69,6 +74,9 @@ def test_a_short_soak_kills_one_node_which_resumes_and_reports(tmp_path: Path) -
     rss = survivor["rss"]  # the restarted one may not have settled before the end
     assert rss["first_mb"] > 50 and rss["last_mb"] > 50 and rss["growth_pct"] is not None
     assert rep["targets"]["every_restart_resumed"]["ok"], stdout
+    assert rep["targets"]["children_end_with_their_node"]["ok"], stdout
+    if skew:  # its groups are taken all the same (SPEC.md, the clock rule)
+        assert rep["targets"]["skewed_peer"]["ok"], stdout
     assert "restarts resumed: 1 of 1" in stdout
     assert len(json.loads((out / "state.json").read_text())["kills"]) == rep["kills"]
 
@@ -88,3 +96,28 @@ def test_an_interrupted_soak_leaves_no_process(tmp_path: Path) -> None:
             proc.kill()
             proc.wait(10)
     assert wait_until(lambda: not _left(out), 10), _left(out)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--partition-at", "60"], "--partition-at and --partition-for go together"),
+        (["--partition-at", "60", "--partition-for", "10"], "--partition-for at least 40 s"),
+        (
+            ["--duration", "300", "--partition-at", "60", "--partition-for", "60"],
+            "--partition-at + --partition-for + --heal-within must fit in --duration",
+        ),
+        (["--skewed-peer", "0"], "--skewed-peer must not be 0"),
+    ],
+)
+def test_bad_options_for_a_harder_soak_are_refused_with_a_clear_line(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    soak = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "soak", soak)  # for its dataclasses
+    spec.loader.exec_module(soak)
+    with pytest.raises(SystemExit) as exc:
+        soak.parse(["--out", "unused", *args])
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err

@@ -5,6 +5,8 @@ which would refuse to send what this sends). Tests run it as a subprocess:
     python -m tests.support.rogue invalid BOOTSTRAP_MULTIADDR TOPIC [--count N]
         [--valid M] [--interval S] [--pause S] [--linger S] [--dial MULTIADDR ...]
         [--vector NAME ...] [--protocol ID]
+    python -m tests.support.rogue persist BOOTSTRAP_MULTIADDR TOPIC --key-dir DIR
+        [--dial MULTIADDR ...] [--interval S]
 
 - ``garbage``: opens pubsub streams to the peer and writes one frame that is not a
   protobuf RPC (``b"\\xff" * 64``), then, on a fresh stream, one that is a well-formed RPC
@@ -20,22 +22,34 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   peers send: with ``--count 0 --valid 0`` it stands for a node of another version.
   It speaks ``/meshsub/1.1.0`` unless ``--protocol`` names another (``/meshsub/1.2.0``:
   its peers then send it an IDONTWANT for every message, as to one of their own).
+- ``persist`` (``scripts/soak.py --rogue-peer``): the same peer, under the identity kept
+  in ``--key-dir`` (created there the first time, as a node's), so that it comes back
+  as itself after a restart. It dials every peer, and again every few seconds those it
+  is not connected to, publishes an invalid message every ``--interval`` s until it is
+  killed, and every few seconds prints one JSON line: ``connected`` (peers with a
+  connection), ``streams`` (peers with a pubsub stream: the ones that take its
+  messages), ``sent`` (messages published so far).
 
-It listens on 127.0.0.1 only and prints one line per thing it does (``peer_id``,
-``addr``, ``connected``, ``mesh``, ``sent ...``, ``done``), flushed, so a test can
-follow it.
+It listens on 127.0.0.1 only, dials loopback or 198.18.0.0/15 (the soak's network
+namespaces) only, and prints one line per thing it does (``peer_id``, ``addr``,
+``connected``, ``mesh``, ``sent ...``, ``done``), flushed, so a test can follow it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
+import json
 import sys
+import time
 from pathlib import Path
 
 import multiaddr
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
@@ -46,17 +60,22 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.varint import encode_varint_prefixed
 
+from sapo_node.net import identity
+
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
 LISTEN = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
 PROTOCOL = "/meshsub/1.1.0"
+DIAL_RANGES = [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("198.18.0.0/15")]
+REDIAL_S = 5.0  # persist: how often peers it is not connected to are dialled again
+STATUS_S = 5.0  # persist: how often it prints its status line
 
 
 def say(*words: object) -> None:
     print(*words, flush=True)
 
 
-def make_host():
-    key = create_new_key_pair()
+def make_host(key: KeyPair | None = None):
+    key = key or create_new_key_pair()
     noise = NoiseTransport(key, noise_privkey=create_new_x25519_key_pair().private_key)
     host = new_host(
         key_pair=key,
@@ -67,12 +86,16 @@ def make_host():
     return host
 
 
-def invalid_payloads(count: int, names: list[str] | None = None) -> list[bytes]:
+def invalid_kinds(names: list[str] | None = None) -> list[bytes]:
+    """One payload of each invalid kind: the named vectors, or all of them and junk."""
     if names:
-        payloads = [(VECTORS / "invalid" / f"{name}.msgpack").read_bytes() for name in names]
-    else:
-        files = sorted((VECTORS / "invalid").glob("*.msgpack"))
-        payloads = [f.read_bytes() for f in files] + [b"not msgpack"]
+        return [(VECTORS / "invalid" / f"{name}.msgpack").read_bytes() for name in names]
+    files = sorted((VECTORS / "invalid").glob("*.msgpack"))
+    return [f.read_bytes() for f in files] + [b"not msgpack"]
+
+
+def invalid_payloads(count: int, names: list[str] | None = None) -> list[bytes]:
+    payloads = invalid_kinds(names)
     return [payloads[i % len(payloads)] for i in range(count)]
 
 
@@ -114,10 +137,9 @@ async def garbage(bootstrap: str, topic: str) -> None:
     say("done")
 
 
-async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
-    host = make_host()
-    gossipsub = GossipSub(
-        protocols=[args.protocol],
+def make_gossipsub(protocol: str) -> GossipSub:
+    return GossipSub(
+        protocols=[protocol],
         degree=6,
         degree_low=4,
         degree_high=12,
@@ -126,6 +148,11 @@ async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
         adaptive_gossip_enabled=False,
         spam_protection_enabled=False,
     )
+
+
+async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
+    host = make_host()
+    gossipsub = make_gossipsub(args.protocol)
     pubsub = Pubsub(host, gossipsub, strict_signing=True)
     infos = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in [bootstrap, *args.dial]]
     async with background_trio_service(pubsub), background_trio_service(gossipsub):
@@ -154,9 +181,55 @@ async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
             await trio.sleep(args.linger)
 
 
+async def persist(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
+    host = make_host(identity.load_or_create(args.key_dir))
+    gossipsub = make_gossipsub(args.protocol)
+    pubsub = Pubsub(host, gossipsub, strict_signing=True)
+    infos = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in [bootstrap, *args.dial]]
+    payloads = invalid_kinds()
+
+    async def dial() -> None:
+        while True:
+            for info in infos:
+                if info.peer_id not in host.get_connected_peers():
+                    with trio.move_on_after(REDIAL_S), contextlib.suppress(Exception):
+                        await host.connect(info)
+            await trio.sleep(REDIAL_S)
+
+    async with background_trio_service(pubsub), background_trio_service(gossipsub):
+        await pubsub.wait_until_ready()
+        await pubsub.subscribe(topic)
+        async with host.run(listen_addrs=LISTEN), trio.open_nursery() as nursery:
+            say("peer_id", host.get_id().pretty())
+            nursery.start_soon(dial)
+            sent, status_at = 0, 0.0
+            while True:
+                with contextlib.suppress(Exception):
+                    await pubsub.publish(topic, payloads[sent % len(payloads)])
+                    sent += 1
+                if time.monotonic() >= status_at:
+                    status_at = time.monotonic() + STATUS_S
+                    status = {
+                        "time": time.time(),
+                        "connected": sorted(p.pretty() for p in host.get_connected_peers()),
+                        "streams": sorted(p.pretty() for p in pubsub.peers),
+                        "sent": sent,
+                    }
+                    say(json.dumps(status))
+                await trio.sleep(args.interval)
+
+
+def _dialable(addr: str) -> bool:
+    parts = addr.split("/")
+    with contextlib.suppress(IndexError, ValueError):
+        ip = ipaddress.ip_address(parts[2])
+        return parts[1] == "ip4" and any(ip in net for net in DIAL_RANGES)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.rogue")
-    parser.add_argument("mode", choices=["garbage", "invalid"])
+    parser.add_argument("mode", choices=["garbage", "invalid", "persist"])
     parser.add_argument("bootstrap", help="/ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID")
     parser.add_argument("topic")
     parser.add_argument("--count", type=int, default=8, help="invalid messages to send")
@@ -167,13 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dial", action="append", default=[], help="a further peer to join")
     parser.add_argument("--vector", action="append", help="an invalid vector's name to send")
     parser.add_argument("--protocol", default=PROTOCOL, help="the meshsub version it speaks")
+    parser.add_argument("--key-dir", type=Path, help="persist: where its identity key is kept")
     args = parser.parse_args(argv)
-    if not all(a.startswith("/ip4/127.0.0.1/") for a in [args.bootstrap, *args.dial]):
-        parser.error("the rogue peer dials loopback only")
+    if not all(_dialable(a) for a in [args.bootstrap, *args.dial]):
+        parser.error("the rogue peer dials 127.0.0.0/8 and 198.18.0.0/15 only")
+    if args.mode == "persist" and args.key_dir is None:
+        parser.error("persist needs --key-dir")
     if args.mode == "garbage":
         trio.run(garbage, args.bootstrap, args.topic)
-    else:
+    elif args.mode == "invalid":
         trio.run(invalid, args.bootstrap, args.topic, args)
+    else:
+        trio.run(persist, args.bootstrap, args.topic, args)
     return 0
 
 
