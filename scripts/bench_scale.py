@@ -58,15 +58,15 @@ from sapo_node.net.process import Libp2pTransport  # noqa: E402
 class ScaleSwarm:
     """N transports in this process, node i bootstrapped to node 0 and node i-1."""
 
-    def __init__(self, root: Path, args: argparse.Namespace) -> None:
-        self.root, self.args = root, args
+    def __init__(self, root: Path, args: argparse.Namespace, shards: int) -> None:
+        self.root, self.args, self.shards = root, args, shards
         self.nodes: list[Libp2pTransport] = []
         self.index: dict[str, int] = {}
 
     def net(self, bootstrap: list[str]) -> NetSection:
         extra: dict[str, Any] = {}
-        if self.args.shards > 1:
-            extra = {"shards": self.args.shards, "shards_joined": self.args.shards_joined}
+        if self.shards > 1:
+            extra = {"shards": self.shards, "shards_joined": self.args.shards_joined}
         return NetSection(
             listen=[LOOPBACK],
             mdns=False,
@@ -165,7 +165,12 @@ def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
         for i, t in enumerate(swarm.nodes)
     ]
     pids = [t._proc.pid for t in swarm.nodes]
-    # idle first: what the network processes cost with nothing published
+    # warm: discovery's first passes (DHT announcements, dials) are over
+    t_warm = time.monotonic()
+    while time.monotonic() - t_warm < args.warm_seconds:
+        swarm.poll(None)
+        time.sleep(0.05)
+    # idle: what the network processes cost with nothing published
     idle0 = [cpu(p) for p in pids]
     t_idle = time.monotonic()
     while time.monotonic() - t_idle < args.idle_seconds:
@@ -194,6 +199,24 @@ def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
     for times in ledger.got.values():
         for r in times:
             received[r] += 1
+    # delivery: of the others' groups published 3 s or more before the end on a topic
+    # the node joined, the share it received (the last ones may still be on their way).
+    # A member publishes its groups on its shards in turn (host.py), so the author's
+    # seq-th group went to shard shards[seq % k].
+    t_end = time.time()
+    with ledger.lock:
+        old = [key for key, t in ledger.sent.items() if t_end - t >= 3.0]
+    delivered = [0] * n
+    due = [0] * n
+    joined = [set(t.shards) for t in swarm.nodes]
+    for author, seq in old:
+        times = ledger.got.get((author, seq), {})
+        home = swarm.nodes[author].shards
+        shard = home[seq % len(home)]
+        for r in range(n):
+            if r != author and shard in joined[r]:
+                due[r] += 1
+                delivered[r] += r in times
     per_node = []
     for i in range(n):
         b_in = stats1[i].get("bytes_in", 0) - stats0[i].get("bytes_in", 0)
@@ -206,6 +229,7 @@ def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
                 "bytes_out_s": b_out / wall,
                 "groups_s": received[i] / wall,
                 "copies": b_in / size / max(1, received[i]),
+                "delivery": delivered[i] / max(1, due[i]),
                 "mesh": stats1[i].get("meshes") or [stats1[i].get("mesh", 0)],
                 "peers": stats1[i].get("peers", 0),
                 "connected": stats1[i].get("connected", 0),
@@ -280,12 +304,22 @@ def main() -> None:
     parser.add_argument("--nodes", default="4,8,16,24", help="swarm sizes, comma-separated")
     parser.add_argument("--seconds", type=float, default=40.0, help="measured, per size")
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle, before it")
+    parser.add_argument(
+        "--warm-seconds", type=float, default=20.0, help="after the meshes settle, before idle"
+    )
     parser.add_argument("--groups", type=int, default=1, help="g: groups a member publishes")
     parser.add_argument("--round-s", type=float, default=15.0, help="R: every R seconds")
-    parser.add_argument("--shards", type=int, default=1, help="S shard topics (1: one topic)")
+    parser.add_argument("--arms", default="single", help="single (S = 1), sharded, or both")
+    parser.add_argument("--shards", type=int, default=1, help="S shard topics of the sharded arm")
     parser.add_argument("--shards-joined", type=int, default=1, help="k shards a member joins")
+    parser.add_argument(
+        "--shard-members",
+        type=int,
+        default=0,
+        help="m: S = round(N·k/m) at each size (the organiser's rule); 0: --shards",
+    )
     parser.add_argument("--mesh-degree", type=int, default=6)
-    parser.add_argument("--redial-s", type=float, default=2.0)
+    parser.add_argument("--redial-s", type=float, default=10.0, help="as a node's default")
     parser.add_argument("--settle-s", type=float, default=40.0, help="most to wait for meshes")
     parser.add_argument("--late", action="store_true", help="a late joiner after the last size")
     parser.add_argument("--external", type=int, default=2, help="J, for the fill check")
@@ -311,21 +345,31 @@ def main() -> None:
         flush=True,
     )
     try:
-        for n in sizes:
+        # each size in each arm, the arms interleaved: one topic (S = 1, the baseline),
+        # then shards (S from --shards, or N·k/m with --shard-members)
+        for n, arm in [(n, arm) for n in sizes for arm in args.arms.split(",")]:
             with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-                swarm = ScaleSwarm(Path(tmp), args)
+                shards = 1
+                if arm == "sharded":
+                    shards = args.shards
+                    if args.shard_members:  # the organiser's rule: S = N·k/m
+                        shards = max(1, round(n * args.shards_joined / args.shard_members))
+                swarm = ScaleSwarm(Path(tmp), args, shards)
                 try:
                     t0 = time.monotonic()
                     swarm.grow(n)
-                    members = n * args.shards_joined / args.shards  # per shard
+                    members = n * min(args.shards_joined, shards) / shards  # per shard
                     want = max(1, min(int(members) - 1, args.mesh_degree * 2 // 3))
                     settled = swarm.settle(want, args.settle_s)
                     point = measure(swarm, args)
                     point["settle_s"] = settled
+                    point["shards"] = shards
+                    point["arm"] = arm
+                    point["banned"] = sum(len(t.child_stats.get("banned", ())) for t in swarm.nodes)
                     point["up_s"] = time.monotonic() - t0 - args.seconds
                     points.append(point)
                     report_point(point, args)
-                    if args.late and n == sizes[-1]:
+                    if args.late and n == sizes[-1] and arm == "sharded":
                         late = late_joiner(swarm, args, 60.0)
                         print(f"   late joiner: {json.dumps(late)}", flush=True)
                 finally:
@@ -334,7 +378,10 @@ def main() -> None:
         sys.stderr.flush()
         os.dup2(saved_stderr, 2)
         log.close()
-    model = report_model(points, args)
+    model = {}
+    for arm in args.arms.split(","):
+        print(f"{arm}:")
+        model[arm] = report_model([p for p in points if p["arm"] == arm], args)
     print(f"total {time.monotonic() - began:.0f} s; load average {load()}")
     print(json.dumps({"args": vars(args) | {"log": str(args.log)}, "points": points,
                       "late": late, "model": model}, default=str))  # fmt: skip
@@ -352,16 +399,19 @@ def report_point(p: dict[str, Any], args: argparse.Namespace) -> None:
     bout_m, _, bout_max = summary(p, "bytes_out_s")
     g_m, g_min, _ = summary(p, "groups_s")
     copies = statistics.mean(x["copies"] for x in p["per_node"] if x["groups_s"] > 0)
+    deliv_m, deliv_min, _ = summary(p, "delivery")
     meshes = [min(x["mesh"]) for x in p["per_node"]]
     print(
-        f"N={p['nodes']:3d}: network CPU {cpu_m:.4f} cores/node (max {cpu_max:.4f}, idle "
+        f"{p['arm']} N={p['nodes']:3d}, S={p['shards']}: network CPU {cpu_m:.4f} cores/node "
+        f"(max {cpu_max:.4f}, idle "
         f"{idle_m:.4f}); "
         f"in {bin_m / 1e3:.1f} kB/s, out {bout_m / 1e3:.1f} kB/s (max {bout_max / 1e3:.1f}); "
         f"groups {g_m:.3f}/s/node (min {g_min:.3f}; {g_min * args.round_s:.1f} a round, J="
-        f"{args.external}); copies {copies:.2f}; swarm {p['swarm_groups_s']:.2f} groups/s; "
+        f"{args.external}); delivery {deliv_m:.3f} (min {deliv_min:.3f}); "
+        f"copies {copies:.2f}; swarm {p['swarm_groups_s']:.2f} groups/s; "
         f"mesh min {min(meshes)}; machine {100 * p['machine_busy']:.0f}% busy; "
         f"bench {p['bench_cpu']:.2f} cores; settled {p['settle_s']:.1f} s; "
-        f"duplicates {p['duplicates']}",
+        f"duplicates {p['duplicates']}; bans {p['banned']}",
         flush=True,
     )
 
