@@ -186,6 +186,25 @@ class SwarmGossipSub(GossipSub):
             return
         await super().handle_rpc(rpc, sender_peer_id)
 
+    async def handle_prune(self, prune_msg: Any, sender_peer_id: ID) -> None:
+        """The library's, without its GRAFT-flood mark. py-libp2p 0.8.1 notes the time a
+        peer *pruned this node* as if this node had pruned it, and then penalises that
+        peer's next GRAFT within 10 s by 10 (a score of -100: a ban), though the backoff
+        binds the pruned side only. Meshes that shrink and grow at each heartbeat (more
+        peers on a topic than D_high) so banned honest peers by the dozen in a swarm of
+        16 (docs/scale.md). The mark stays where this node prunes a peer itself."""
+        topic = prune_msg.topicID
+        before = self.graft_flood_tracking.get(sender_peer_id, {}).get(topic)
+        await super().handle_prune(prune_msg, sender_peer_id)
+        marks = self.graft_flood_tracking.get(sender_peer_id)
+        if marks is not None:
+            if before is None:
+                marks.pop(topic, None)
+            else:
+                marks[topic] = before
+            if not marks:
+                del self.graft_flood_tracking[sender_peer_id]
+
     def _check_equivocation(self, msg: Any) -> bool:
         """As the library's, but remembers a digest of the last EQUIVOCATION_MEMORY
         messages instead of every whole message forever (trap 8)."""
