@@ -236,7 +236,13 @@ def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
             }
         )
     published = len(ledger.sent)
+    # age on arrival: receipt (the transport's stamp) minus publish, every copy delivered
+    with ledger.lock:
+        sent = dict(ledger.sent)
+    ages = sorted(at - sent[key] for key, times in ledger.got.items() for at in times.values())
     return {
+        "age_p50_ms": 1000 * ages[len(ages) // 2] if ages else None,
+        "age_p95_ms": 1000 * ages[int(0.95 * (len(ages) - 1))] if ages else None,
         "nodes": n,
         "wall_s": wall,
         "message_bytes": size,
@@ -411,7 +417,8 @@ def report_point(p: dict[str, Any], args: argparse.Namespace) -> None:
         f"copies {copies:.2f}; swarm {p['swarm_groups_s']:.2f} groups/s; "
         f"mesh min {min(meshes)}; machine {100 * p['machine_busy']:.0f}% busy; "
         f"bench {p['bench_cpu']:.2f} cores; settled {p['settle_s']:.1f} s; "
-        f"duplicates {p['duplicates']}; bans {p['banned']}",
+        f"duplicates {p['duplicates']}; bans {p['banned']}; age on arrival p50 "
+        f"{p['age_p50_ms'] or 0:.0f} ms, p95 {p['age_p95_ms'] or 0:.0f} ms",
         flush=True,
     )
 
