@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ class ScaleSwarm:
         self.root, self.args, self.shards = root, args, shards
         self.nodes: list[Libp2pTransport] = []
         self.index: dict[str, int] = {}
+        self.lock = threading.Lock()
 
     def net(self, bootstrap: list[str]) -> NetSection:
         extra: dict[str, Any] = {}
@@ -77,17 +79,25 @@ class ScaleSwarm:
             **extra,
         )
 
-    def add(self, bootstrap: list[str]) -> Libp2pTransport:
-        n = len(self.nodes)
-        t = Libp2pTransport(self.net(bootstrap), PoolSection(), self.root / f"node-{n}")
-        self.index[t.peer_id] = n
-        self.nodes.append(t)
+    def add(self, bootstrap: list[str], name: str | None = None) -> Libp2pTransport:
+        name = name or f"node-{len(self.nodes)}"
+        t = Libp2pTransport(self.net(bootstrap), PoolSection(), self.root / name)
+        with self.lock:
+            self.index[t.peer_id] = len(self.nodes)
+            self.nodes.append(t)
         return t
 
-    def grow(self, total: int) -> None:
+    def grow(self, total: int, at_once: int = 4) -> None:
+        """Start members ``at_once`` at a time (a start is mostly imports), each
+        bootstrapped to node 0 and to the last one started before its batch."""
+        if not self.nodes:
+            self.add([])
         while len(self.nodes) < total:
-            boot = [n.addrs[0] for n in self.nodes[:1] + self.nodes[-1:]]
-            self.add(list(dict.fromkeys(boot)))
+            boot = list(dict.fromkeys(n.addrs[0] for n in self.nodes[:1] + self.nodes[-1:]))
+            batch = min(at_once, total - len(self.nodes))
+            names = [f"node-{len(self.nodes)}-{i}" for i in range(batch)]
+            with ThreadPoolExecutor(batch) as pool:
+                list(pool.map(lambda name, b=boot: self.add(b, name), names))
 
     def meshed(self, t: Libp2pTransport, want: int) -> bool:
         meshes = t.child_stats.get("meshes") or [t.child_stats.get("mesh", 0)]
