@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_swarm import LOOPBACK, POLL_S, Ledger, completions, group_bytes, load  # noqa: E402
 
 from sapo_node.config import NetSection, PoolSection  # noqa: E402
+from sapo_node.net import NetError  # noqa: E402
 from sapo_node.net.process import Libp2pTransport  # noqa: E402
 
 
@@ -81,7 +82,9 @@ class ScaleSwarm:
 
     def add(self, bootstrap: list[str], name: str | None = None) -> Libp2pTransport:
         name = name or f"node-{len(self.nodes)}"
-        t = Libp2pTransport(self.net(bootstrap), PoolSection(), self.root / name)
+        t = Libp2pTransport(
+            self.net(bootstrap), PoolSection(), self.root / name, start_timeout_s=180.0
+        )
         with self.lock:
             self.index[t.peer_id] = len(self.nodes)
             self.nodes.append(t)
@@ -283,7 +286,11 @@ def late_joiner(swarm: ScaleSwarm, args: argparse.Namespace, timeout_s: float) -
     for th in threads:
         th.start()
     start = time.monotonic()
-    t = swarm.add([swarm.nodes[0].addrs[0]])
+    try:
+        t = swarm.add([swarm.nodes[0].addrs[0]])
+    except NetError as exc:  # a machine too loaded to start one more in time
+        stop.set()
+        return {"error": str(exc)}
     up = time.monotonic() - start
     meshed_s = got_s = None
     me = len(swarm.nodes) - 1
