@@ -15,7 +15,10 @@ DHT finds the rest. After the meshes settle, ``--seconds`` of publishing are mea
 - the whole machine's busy fraction over the window (these machines have 2 cores: a
   swarm whose network processes want more than that falls behind, and says so here).
 
-Then it fits each per-node figure as a + b·N (least squares over the points) and
+``--arms single,sharded`` measures each size twice, interleaved: one topic (S = 1, the
+baseline), then shards (``--shards S``, or S = N·k/m with ``--shard-members m``).
+
+Then it fits each per-node figure, per arm, as a + b·N (least squares over the points) and
 extrapolates to ``--extrapolate`` sizes, scaling the publish rate to ``--model-groups``
 g' every ``--model-round-s`` R' (each figure's N-dependent part is proportional to the
 swarm's groups per second). With ``--shards S --shards-joined k`` every member joins k of
@@ -28,7 +31,8 @@ point is the baseline). The network processes log to ``--log``; the last line pr
 the run's figures as JSON.
 
 Usage: python scripts/bench_scale.py [--nodes 4,8,16,24] [--seconds 40] [--groups 1]
-       [--round-s 15] [--shards 1] [--shards-joined 1] [--late]
+       [--round-s 15] [--arms single,sharded] [--shard-members 8] [--shards-joined 2]
+       [--late]
 """
 
 from __future__ import annotations
