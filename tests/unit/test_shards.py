@@ -95,3 +95,16 @@ def test_the_swarm_file_sets_the_shards_and_a_user_may_not_change_them(tmp_path:
         path = write(tmp_path / "bad.toml", bad)
         with pytest.raises(ConfigError, match=needle):
             load_config(overrides={"net": {"swarm_file": path}}, environ={})
+
+
+def test_identity_prints_a_nodes_shards_in_a_sharded_swarm(tmp_path: Path, capsys) -> None:
+    from sapo_node.cli import main
+
+    argv = ["identity", "--data-dir", str(tmp_path), "--listen", "/ip4/127.0.0.1/tcp/4141"]
+    main(argv)
+    assert "shards:" not in capsys.readouterr().out  # one topic: nothing to say
+    config = write(tmp_path / "c.toml", "[net]\nshards = 64\nshards_joined = 3\n")
+    main([*argv, "--config", str(config)])
+    peer = identity.peer_id(identity.load_or_create(tmp_path))
+    joined = ", ".join(map(str, identity.shards(peer, 64, 3)))
+    assert f"shards: {joined} of 64" in capsys.readouterr().out
