@@ -282,6 +282,12 @@ def identity(
         typer.echo(f"address: {addr}/p2p/{peer}{note}")
     reachability = decide(cfg.net.reachability, cfg.net.announce, addrs)
     typer.echo(f"reachability: {reachability}  ({REACHABILITY_NOTE[reachability]})")
+    if cfg.net.shards > 1:
+        shards = ident.shards(peer, cfg.net.shards, cfg.net.shards_joined)
+        typer.echo(
+            f"shards: {', '.join(map(str, shards))} of {cfg.net.shards}  (from the peer ID; "
+            "the first is its home shard)"
+        )
 
 
 REACHABILITY_NOTE = {

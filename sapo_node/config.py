@@ -608,6 +608,22 @@ class NetSection(_Section):
         32, ge=1, le=1000, description="Stop dialling discovered peers above this many."
     )
     mesh_degree: int = Field(6, ge=1, le=50, description="GossipSub mesh degree D.")
+    shards: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="S: the swarm's shard topics, which bound each node's load in a large "
+        "swarm (docs/scale.md); a swarm setting, from its swarm file ([swarm] shards). 1: "
+        "the single topic sapo/<swarm>/rollouts/v2, as before shards.",
+    )
+    shards_joined: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="k: shard topics this node joins (all of them if S is less), chosen "
+        "from its peer ID; it receives about k/S of the swarm's groups and publishes on its "
+        "shards in turn.",
+    )
     inbox_per_peer: int = Field(
         64, ge=1, le=100_000, description="Received groups held per peer between rounds."
     )

@@ -309,6 +309,14 @@ def metric_families(f: dict[str, Any]) -> list[Metric]:
             {"direct": n["connections_direct"], "relayed": n["connections_relayed"]},
         )
         gauge("sapo_dht_routing_table", "Peers in the DHT routing table.", n["routing_table"])
+        if n.get("shards"):
+            joined = n["shards"].split(" of ")[0].split(",")
+            labelled(
+                "sapo_net_shard_mesh_peers",
+                "GossipSub mesh peers on each shard topic this node joined (docs/scale.md).",
+                "shard",
+                dict(zip(joined, n.get("mesh_peers") or (), strict=False)),
+            )
         gauge(
             "sapo_dht_lan_addresses",
             "LAN addresses the DHT would hand out (routing table, provider records).",
@@ -626,6 +634,9 @@ def summary(f: dict[str, Any]) -> list[str]:
             f"{n['bytes_in'] / 2**20:.1f} MiB in, {n['bytes_out'] / 2**20:.1f} MiB out; "
             f"network restarts {n['restarts']}"
         )
+        if n.get("shards"):
+            meshes = ", ".join(map(str, n.get("mesh_peers") or ()))
+            lines.append(f"shards joined: {n['shards']} (mesh peers per shard: {meshes})")
     lines.append(f"memory {f['rss_mb']:.0f} MiB")
     lines.append("healthy" if f["healthy"] else "UNHEALTHY: " + "; ".join(f["problems"]))
     return lines

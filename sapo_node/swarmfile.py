@@ -33,13 +33,14 @@ from sapo_node.config import (
     _describe,
 )
 from sapo_node.net.dnsaddr import parse
-from sapo_node.wire import PROTOCOL_VERSION
+from sapo_node.wire import MAX_SHARDS, PROTOCOL_VERSION
 
 # What [swarm] and [tasks] say, which [recommended] may not say again, differently.
 _NOT_RECOMMENDED = {
     ("tasks",): "the swarm's task set is [tasks], at the top",
     ("net", "swarm"): "[swarm] name gives it",
     ("net", "bootstrap"): "[swarm] bootstrap gives it",
+    ("net", "shards"): "[swarm] shards gives it",
     ("net", "swarm_file"): "a swarm file names no other",
 }
 
@@ -62,6 +63,14 @@ class SwarmSection(_Table):
         max_length=64,
         description="Peers to join through: /ip4|ip6/ADDR/tcp/PORT/p2p/ID, "
         "/dns4|dns6|dns/NAME/tcp/PORT/p2p/ID, or /dnsaddr/NAME[/p2p/ID].",
+    )
+    shards: int = Field(
+        1,
+        strict=True,
+        ge=1,
+        le=MAX_SHARDS,
+        description="S: the swarm's shard topics (net.shards; protocol/SPEC.md, section 2.2). "
+        "Leave it out while it is 1: nodes older than shards refuse a file with this key.",
     )
     description: str = Field("", max_length=2000, description="What the swarm trains, for people.")
     homepage: str = Field("", max_length=2000, description="Where the swarm's organiser says more.")
@@ -140,11 +149,21 @@ def under(swarm: SwarmFile, user: dict[str, Any], source: Path | str) -> dict[st
             f"net.swarm is {name!r} but swarm file {source} is for {swarm.swarm.name!r}: "
             "drop one of them"
         )
+    shards = net.get("shards")
+    if shards is not None and str(shards) != str(swarm.swarm.shards):
+        raise ConfigError(
+            f"net.shards is {shards!r} but swarm file {source} says {swarm.swarm.shards}: a "
+            "node on other shard topics would meet none of the swarm; drop net.shards"
+        )
     base = _deep_merge(
         swarm.recommended.model_dump(exclude_unset=True),
         {
             "tasks": swarm.tasks.model_dump(),
-            "net": {"swarm": swarm.swarm.name, "bootstrap": swarm.swarm.bootstrap},
+            "net": {
+                "swarm": swarm.swarm.name,
+                "bootstrap": swarm.swarm.bootstrap,
+                "shards": swarm.swarm.shards,
+            },
         },
     )
     out = _deep_merge(base, user)

@@ -11,6 +11,7 @@ its regenerated task, the rewards) is checked by the receiver (intake.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ MAX_MODEL_BYTES = 256
 MAX_MODALITY_BYTES = 32
 MAX_UINT = 2**63 - 1  # seeds, indices, rounds, times: non-negative, fit a signed int64
 MAX_JSON_DEPTH = 8
+MAX_SHARDS = 4096  # shard topics of a swarm (section 2.2)
 
 FAMILY_PATTERN = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*(:[A-Za-z0-9_]+)?")
 GENERATOR_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+ [A-Za-z0-9_.+-]+")
@@ -97,6 +99,46 @@ def topic(swarm: str) -> str:
             "starting with a letter or digit"
         )
     return f"sapo/{swarm}/rollouts/v{PROTOCOL_VERSION}"
+
+
+def shard_topic(swarm: str, shard: int, shards: int) -> str:
+    """The topic of shard ``shard`` of ``shards`` (protocol/SPEC.md, section 2.2); with
+    one shard, exactly the swarm's single topic of before shards.
+
+    >>> shard_topic("demo", 0, 1)
+    'sapo/demo/rollouts/v2'
+    >>> shard_topic("demo", 3, 64)
+    'sapo/demo/rollouts/v2/shard-3-of-64'
+    """
+    if not 1 <= shards <= MAX_SHARDS or not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} of {shards}: want 0 <= shard < shards <= {MAX_SHARDS}")
+    base = topic(swarm)
+    return base if shards == 1 else f"{base}/shard-{shard}-of-{shards}"
+
+
+def shards_of(peer: bytes, shards: int, joined: int) -> list[int]:
+    """The shards a peer joins: of ``shards``, the ``joined`` (all, if that is more)
+    whose SHA-256 of the peer ID's bytes followed by the shard's number (4 bytes,
+    big-endian) is least, least first (rendezvous hashing: every node computes any
+    peer's shards from its ID, and each shard is joined by a share ``joined/shards`` of
+    the peers, whoever they are). The first is the peer's home shard.
+
+    >>> shards_of(b"any peer", 1, 2)
+    [0]
+    >>> sorted(shards_of(b"any peer", 4, 9))
+    [0, 1, 2, 3]
+    """
+    if shards <= 1:
+        return [0]
+    weights = sorted(
+        (hashlib.sha256(peer + i.to_bytes(4, "big")).digest(), i) for i in range(shards)
+    )
+    return [i for _, i in weights[: min(joined, shards)]]
+
+
+def shard_topics(swarm: str, peer: bytes, shards: int, joined: int) -> list[str]:
+    """The topics a peer subscribes to and publishes on, its home shard's first."""
+    return [shard_topic(swarm, i, shards) for i in shards_of(peer, shards, joined)]
 
 
 @dataclass(frozen=True)

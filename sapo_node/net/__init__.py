@@ -64,6 +64,8 @@ class NetStats:
     connections_relayed: int = 0  # through a circuit relay
     routing_table: int = 0  # peers in the DHT routing table
     dht_lan_addrs: int = 0  # LAN addresses the DHT would hand out (0 on a public node)
+    shards: str = ""  # the shard topics joined, "3,17 of 64"; "" in a swarm of one topic
+    mesh_peers: list[int] = field(default_factory=list)  # mesh peers per joined topic
 
 
 class Transport(Protocol):

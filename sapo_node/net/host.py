@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -184,6 +185,25 @@ class SwarmGossipSub(GossipSub):
         if self.pubsub is not None and self.pubsub.is_peer_blacklisted(sender_peer_id):
             return
         await super().handle_rpc(rpc, sender_peer_id)
+
+    async def handle_prune(self, prune_msg: Any, sender_peer_id: ID) -> None:
+        """The library's, without its GRAFT-flood mark. py-libp2p 0.8.1 notes the time a
+        peer *pruned this node* as if this node had pruned it, and then penalises that
+        peer's next GRAFT within 10 s by 10 (a score of -100: a ban), though the backoff
+        binds the pruned side only. Meshes that shrink and grow at each heartbeat (more
+        peers on a topic than D_high) so banned honest peers by the dozen in a swarm of
+        16 (docs/scale.md). The mark stays where this node prunes a peer itself."""
+        topic = prune_msg.topicID
+        before = self.graft_flood_tracking.get(sender_peer_id, {}).get(topic)
+        await super().handle_prune(prune_msg, sender_peer_id)
+        marks = self.graft_flood_tracking.get(sender_peer_id)
+        if marks is not None:
+            if before is None:
+                marks.pop(topic, None)
+            else:
+                marks[topic] = before
+            if not marks:
+                del self.graft_flood_tracking[sender_peer_id]
 
     def _check_equivocation(self, msg: Any) -> bool:
         """As the library's, but remembers a digest of the last EQUIVOCATION_MEMORY
@@ -579,7 +599,14 @@ class Network:
 
     def __init__(self, settings: dict[str, Any], out: ipc.FrameWriter) -> None:
         self.s, self.out = settings, out
-        self.topic: str = settings["topic"]
+        self.topic: str = settings["topic"]  # the swarm's topic: its DHT key
+        # The topics this node joins and publishes on (its shards, docs/scale.md), its
+        # home shard's first; a swarm of one shard has one, the swarm's topic.
+        self.topics: list[str] = list(settings.get("topics") or [self.topic])
+        self.home = self.topics[0]
+        self.shard_count = int(settings.get("shards", 1))
+        self.shards_joined = int(settings.get("shards_joined", 1))
+        self.next_topic = 0  # own groups go to the joined topics in turn
         self.key = identity.load(Path(settings["key"]))
         self.listen = [multiaddr.Multiaddr(a) for a in settings["listen"]]
         announce = [multiaddr.Multiaddr(a) for a in settings["announce"]]
@@ -669,6 +696,7 @@ class Network:
         self.dial_concurrency = int(settings.get("dial_concurrency", DIAL_CONCURRENCY))
         self.dial_pass_s: float | None = settings.get("dial_pass_s", DIAL_PASS_S)
         self.me = self.host.get_id()
+        self.my_shards = set(self.shards_of(self.me))
         # Bans end at a wall-clock time, nearest end first; those of earlier network
         # processes and node runs come back in the settings (peerstate.py).
         self.banned: OrderedDict[ID, float] = OrderedDict()
@@ -690,6 +718,17 @@ class Network:
         self.refusals: dict[tuple[str, str], int] = {}  # (author, reason) -> n, bounded
         self.no_pubsub_since: dict[ID, float] = {}
         self.pubsub.own_peer_maps.append(self.no_pubsub_since)
+
+    # --- shards (docs/scale.md) -------------------------------------------------------
+
+    def shards_of(self, peer: ID) -> list[int]:
+        """The shards ``peer`` joins, by the swarm's rule (wire.shards_of): any node
+        computes them from the peer's ID, so it knows whom to dial for its own."""
+        return _shards_of(peer.to_bytes(), self.shard_count, self.shards_joined)
+
+    def topic_peers(self) -> set[ID]:
+        """Peers subscribed to any topic this node joined."""
+        return {p for topic in self.topics for p in self.pubsub.peer_topics.get(topic, ())}
 
     # --- the validator ---------------------------------------------------------------
 
@@ -733,7 +772,8 @@ class Network:
         is its punishment, and its score is forgotten with it)."""
         if peer == self.me or self.pubsub.is_peer_blacklisted(peer):
             return
-        invalid = self.scorer.invalid_messages.get(peer, {}).get(self.topic, 0.0)
+        counts = self.scorer.invalid_messages.get(peer, {})
+        invalid = sum(counts.get(topic, 0.0) for topic in self.topics)
         behaviour = self.scorer.behavior_penalty.get(peer, 0.0)
         self.penalties.put(peer.pretty(), invalid, behaviour, time.time())
 
@@ -742,7 +782,7 @@ class Network:
         invalid, behaviour = self.penalties.get(peer.pretty(), time.time())
         if invalid > 0.0:
             counts = self.scorer.invalid_messages[peer]
-            counts[self.topic] = max(counts.get(self.topic, 0.0), invalid)
+            counts[self.home] = max(counts.get(self.home, 0.0), invalid)
         if behaviour > 0.0:
             self.scorer.behavior_penalty[peer] = max(
                 self.scorer.behavior_penalty.get(peer, 0.0), behaviour
@@ -757,8 +797,10 @@ class Network:
             background_trio_service(self.gossipsub),
         ):
             await self.pubsub.wait_until_ready()
-            self.pubsub.set_topic_validator(self.topic, self.validate, False)
-            subscription = await self.pubsub.subscribe(self.topic)
+            subscriptions = []
+            for topic in self.topics:
+                self.pubsub.set_topic_validator(topic, self.validate, False)
+                subscriptions.append(await self.pubsub.subscribe(topic))
             async with (
                 self.host.run(listen_addrs=self.listen),
                 contextlib.AsyncExitStack() as stack,
@@ -778,7 +820,7 @@ class Network:
                     "network ready",
                     peer_id=self.me.pretty(),
                     addrs=[str(a) for a in self.host.get_addrs()],
-                    topic=self.topic,
+                    topics=self.topics,
                     reachability=self.reachability,
                 )
                 if self.reachability == "private":
@@ -791,7 +833,8 @@ class Network:
                     )
                 async with trio.open_nursery() as nursery:
                     self.nursery = nursery
-                    nursery.start_soon(self._deliver, subscription)
+                    for subscription in subscriptions:
+                        nursery.start_soon(self._deliver, subscription)
                     nursery.start_soon(self._report)
                     nursery.start_soon(self._discover)
                     await self._obey(commands)
@@ -810,7 +853,9 @@ class Network:
                 while not self.own_rate.allow("", time.monotonic()):
                     await trio.sleep(1.0 / self.own_rate.rate)
                 await self._backpressure()
-                await self.pubsub.publish(self.topic, frame[1])
+                topic = self.topics[self.next_topic % len(self.topics)]
+                self.next_topic += 1
+                await self.pubsub.publish(topic, frame[1])
                 COUNTERS.published += 1
             elif frame[0] == "penalise":
                 # Only a peer with a pubsub stream: a score is forgotten with the peer, and
@@ -818,7 +863,7 @@ class Network:
                 with contextlib.suppress(Exception):
                     author = ID.from_base58(frame[1])
                     if author in self.pubsub.peers:
-                        self.scorer.on_invalid_message(author, self.topic)
+                        self.scorer.on_invalid_message(author, self.home)
 
     async def _backpressure(self) -> None:
         """trap 4: wait (bounded) until every live peer's outbound queue has room, so
@@ -856,12 +901,16 @@ class Network:
             await trio.sleep(1.0)
 
     def stats(self) -> dict[str, Any]:
-        topic_peers = self.pubsub.peer_topics.get(self.topic, set())
+        topic_peers = self.topic_peers()
+        meshes = [len(self.gossipsub.mesh.get(topic, ())) for topic in self.topics]
         live = {self.me, *self.pubsub.peers, *self.host.get_connected_peers()}
         return {
             "peers": len(topic_peers),
             "connected": len(self.host.get_connected_peers()),
-            "mesh": len(self.gossipsub.mesh.get(self.topic, ())),
+            "mesh": min(meshes),  # the least of its topics'
+            "meshes": meshes,  # per joined topic, home first
+            "shards": sorted(self.my_shards) if self.shard_count > 1 else [],
+            "shard_count": self.shard_count,
             "received": COUNTERS.received,
             "rejected": COUNTERS.rejected,
             "rate_limited": COUNTERS.rate_limited,
@@ -877,7 +926,7 @@ class Network:
             "scores": {
                 p.pretty(): round(score, 2)
                 for p in topic_peers
-                if (score := self.scorer.score(p, [self.topic])) < 0
+                if (score := self.scorer.score(p, self.topics)) < 0
             },
             # where state is held for peers neither connected nor in pubsub: a leak
             "stale_state": {p.pretty(): v for p, v in self.pubsub.stale_state(live).items()},
@@ -933,14 +982,27 @@ class Network:
         now = time.time()
         threshold = self.scorer.params.graylist_threshold
         new = []
-        for peer in list(self.pubsub.peer_topics.get(self.topic, ())):
-            if peer not in self.banned and self.scorer.score(peer, [self.topic]) < threshold:
+        for peer in list(self.topic_peers()):
+            if peer not in self.banned and self.scorer.score(peer, self.topics) < threshold:
                 self.banned[peer] = now + BAN_S
                 self.pubsub.add_to_blacklist(peer)  # forgets it (_teardown_if_connected)
                 self.penalties.drop(peer.pretty())
                 self.backoff.pop(peer, None)
                 new.append(peer)
-                log.warning("peer banned for invalid messages", peer=peer.pretty(), seconds=BAN_S)
+                sc = self.scorer
+                log.warning(
+                    "peer banned for invalid messages",
+                    peer=peer.pretty(),
+                    seconds=BAN_S,
+                    # what its score is made of: invalid messages (per topic) and the kinds
+                    # of behaviour penalty (py-libp2p's)
+                    invalid=round(sum(sc.invalid_messages.get(peer, {}).values()), 2),
+                    behaviour=round(sc.behavior_penalty.get(peer, 0.0), 2),
+                    graft_flood=round(sc.graft_flood_penalties.get(peer, 0.0), 2),
+                    iwant_spam=round(sc.iwant_spam_penalties.get(peer, 0.0), 2),
+                    ihave_spam=round(sc.ihave_spam_penalties.get(peer, 0.0), 2),
+                    equivocation=round(sc.equivocation_penalties.get(peer, 0.0), 2),
+                )
         while len(self.banned) > MAX_BANNED:
             self._unban(self.banned.popitem(last=False)[0])
         for peer, until in list(self.banned.items()):
@@ -957,7 +1019,9 @@ class Network:
         """trap 10 / 15: re-dial bootstrap peers, announce the swarm in the DHT (a public
         node) and dial its other members, and dial peers mDNS put in the peerstore. A
         pass spends at most DIAL_PASS_S dialling, DIAL_CONCURRENCY peers at once."""
-        key = dht_key(self.topic)
+        # The swarm's key (every node's, also before shards), and in a sharded swarm each
+        # joined shard's: a node finds its shards' members among their providers.
+        keys = [dht_key(t) for t in self.topics if t != self.topic] + [dht_key(self.topic)]
         last_provide, provided_to = -PROVIDE_EVERY_S, set()
         self.alone_since = trio.current_time()
         while True:
@@ -985,13 +1049,16 @@ class Network:
                     # a private node announces only its addresses through relays
                     dialable = self.reachability != "private" or RELAYED
                     if connected and fresh and dialable:
+                        for key in keys:
+                            with contextlib.suppress(Exception):
+                                if await self.dht.provide(key):
+                                    last_provide, provided_to = trio.current_time(), connected
+                    for key in keys:
                         with contextlib.suppress(Exception):
-                            if await self.dht.provide(key):
-                                last_provide, provided_to = trio.current_time(), connected
-                    with contextlib.suppress(Exception):
-                        for info in await self.dht.find_providers(key, 50):
-                            if info.peer_id != self.me and info.addrs:
-                                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+                            for info in await self.dht.find_providers(key, 50):
+                                if info.peer_id != self.me and info.addrs:
+                                    store = self.host.get_peerstore()
+                                    store.add_addrs(info.peer_id, info.addrs, 3600)
             if self.reachability == "private":
                 await self._reserve()
             await self._dial_known(skip=boot)
@@ -1111,7 +1178,32 @@ class Network:
             and p not in skip
             and self.backoff.get(p, (0.0, 0.0))[0] <= now
         ]
-        await self._dial_all(fresh[: max(room, 0)])
+        await self._dial_all(self._shard_first(fresh, connected, room))
+
+    def _shard_first(self, fresh: list[ID], connected: set[ID], room: int) -> list[ID]:
+        """Of ``fresh`` peers, those to dial: ``room`` of them, peers that share a shard
+        with this node first; and beyond ``room``, members of a joined shard that has
+        fewer than the mesh degree connected (up to that many), so that a node whose
+        connections are full of other shards' peers still meshes on each of its own."""
+        if self.shard_count <= 1:
+            return fresh[: max(room, 0)]
+        degree = int(self.s["mesh_degree"])
+        members = {i: 0 for i in self.my_shards}
+        for peer in connected:
+            for i in self.my_shards.intersection(self.shards_of(peer)):
+                members[i] += 1
+        mine = [p for p in fresh if self.my_shards.intersection(self.shards_of(p))]
+        taken = set(mine)
+        ordered = mine + [p for p in fresh if p not in taken]
+        chosen = ordered[: max(room, 0)]
+        for peer in mine[max(room, 0) :]:
+            short = [i for i in self.my_shards.intersection(self.shards_of(peer))
+                     if members[i] < degree]  # fmt: skip
+            if short:
+                chosen.append(peer)
+                for i in short:
+                    members[i] += 1
+        return chosen
 
     async def _dial_all(self, peers: list[ID], *, force: bool = False) -> None:
         """Dial ``peers``, DIAL_CONCURRENCY at once, for at most DIAL_PASS_S in all:
@@ -1169,6 +1261,11 @@ class Network:
                     log.debug("relayed dial failed", peer=peer.pretty(), error=str(exc)[:200])
         self.backoff[peer] = (now + delay, min(delay * 2, 300.0))
         return False
+
+
+@functools.lru_cache(maxsize=MAX_BACKOFF)
+def _shards_of(peer: bytes, shards: int, joined: int) -> tuple[int, ...]:
+    return tuple(wire.shards_of(peer, shards, joined))
 
 
 def prune_backoff(

@@ -67,10 +67,17 @@ class Libp2pTransport:
     ) -> None:
         key = identity.load_or_create(data_dir)
         self.peer_id = identity.peer_id(key)
-        self.topic = wire.topic(net.swarm)
+        # The shard topics this node joins (docs/scale.md), its home shard's first: with
+        # one shard, the swarm's single topic.
+        self.shards = identity.shards(self.peer_id, net.shards, net.shards_joined)
+        self.topics = [wire.shard_topic(net.swarm, i, net.shards) for i in self.shards]
+        self.topic = self.topics[0]
         self.settings: dict[str, Any] = {
             "key": str(data_dir / identity.KEY_FILE),
-            "topic": self.topic,
+            "topic": wire.topic(net.swarm),  # the swarm's: its DHT key
+            "topics": self.topics,
+            "shards": net.shards,
+            "shards_joined": net.shards_joined,
             "listen": list(net.listen),
             "announce": list(net.announce),
             "bootstrap": list(net.bootstrap),
@@ -176,7 +183,11 @@ class Libp2pTransport:
             ):
                 setattr(s, name, int(self.child_stats.get(name, 0)))
             s.inbox_dropped = self._inbox.dropped
-            return NetStats(**vars(s))
+            count = int(self.child_stats.get("shard_count", 1))
+            if count > 1:
+                s.shards = ",".join(map(str, self.shards)) + f" of {count}"
+            s.mesh_peers = [int(m) for m in self.child_stats.get("meshes", ())]
+            return NetStats(**{**vars(s), "mesh_peers": list(s.mesh_peers)})
 
     def penalise(self, author: str) -> None:
         with contextlib.suppress(queue.Full):

@@ -22,6 +22,8 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   peers send: with ``--count 0 --valid 0`` it stands for a node of another version.
   It speaks ``/meshsub/1.1.0`` unless ``--protocol`` names another (``/meshsub/1.2.0``:
   its peers then send it an IDONTWANT for every message, as to one of their own).
+  It prints ``received AUTHOR SIZE`` for each message of another author that reaches it:
+  on the swarm's single topic, it stands for a node of the version before shards.
 - ``persist`` (``scripts/soak.py --rogue-peer``): the same peer, under the identity kept
   in ``--key-dir`` (created there the first time, as a node's), so that it comes back
   as itself after a restart. It dials every peer, and again every few seconds those it
@@ -51,6 +53,7 @@ from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
@@ -157,8 +160,9 @@ async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
     infos = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in [bootstrap, *args.dial]]
     async with background_trio_service(pubsub), background_trio_service(gossipsub):
         await pubsub.wait_until_ready()
-        await pubsub.subscribe(topic)
-        async with host.run(listen_addrs=LISTEN):
+        subscription = await pubsub.subscribe(topic)
+        async with host.run(listen_addrs=LISTEN), trio.open_nursery() as nursery:
+            nursery.start_soon(report_received, subscription, host.get_id())
             say("peer_id", host.get_id().pretty())
             say("addr", host.get_addrs()[0])
             for info in infos:
@@ -179,6 +183,14 @@ async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
                 await trio.sleep(args.interval)
             say("done")
             await trio.sleep(args.linger)
+            nursery.cancel_scope.cancel()
+
+
+async def report_received(subscription, me) -> None:
+    while True:
+        msg = await subscription.get()
+        if msg.from_id != me.to_bytes():
+            say("received", ID(msg.from_id).pretty(), len(msg.data))
 
 
 async def persist(bootstrap: str, topic: str, args: argparse.Namespace) -> None:

@@ -206,3 +206,26 @@ def test_the_dht_key_is_the_topics_cid_other_kademlias_take():
     assert (parsed.version, parsed.codec) == (1, "raw")
     assert parsed.multihash == b"\x12\x20" + digest
     assert _encode_key(key) == parsed.multihash  # what py-libp2p stores records under
+
+
+def test_a_peer_that_pruned_this_node_may_graft_it_again_unpunished():
+    """py-libp2p 0.8.1 marked a peer that pruned us as if we had pruned it, and its next
+    GRAFT within 10 s cost it a ban; honest peers banned each other by the dozen in a
+    16-node swarm (docs/scale.md)."""
+    import time
+
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.pb import rpc_pb2
+
+    from sapo_node.net.host import PROTOCOLS, SwarmGossipSub
+
+    router = SwarmGossipSub(protocols=PROTOCOLS, degree=6, degree_low=4, degree_high=12)
+    pruner, pruned = ID(b"\x00\x04peer"), ID(b"\x00\x04gone")
+    router.mesh["t"] = {pruner, pruned}
+    router.graft_flood_tracking[pruned]["t"] = time.time()  # this node pruned it
+    trio.run(router.handle_prune, rpc_pb2.ControlPrune(topicID="t"), pruner)
+    assert pruner not in router.mesh["t"]  # the prune itself is taken
+    assert pruner not in router.graft_flood_tracking  # no mark held for it
+    assert router._check_graft_flood_protection(pruner, "t")  # its GRAFT is welcome
+    trio.run(router.handle_prune, rpc_pb2.ControlPrune(topicID="t"), pruned)
+    assert not router._check_graft_flood_protection(pruned, "t")  # the mark stays

@@ -1,0 +1,110 @@
+"""Shard topics (protocol/SPEC.md, section 2.2; docs/scale.md): which shards a peer joins,
+deterministic and balanced, and the swarm file that sets their number."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sapo_node import wire
+from sapo_node.config import ConfigError, NetSection, load_config
+from sapo_node.net import identity
+from sapo_node.swarmfile import load_swarm_file
+from tests.unit.test_swarmfile import SWARM, write
+
+peers = st.binary(min_size=1, max_size=64)
+counts = st.integers(min_value=1, max_value=wire.MAX_SHARDS)
+
+
+def test_one_shard_is_the_topic_of_before_shards() -> None:
+    assert wire.shard_topic("demo", 0, 1) == "sapo/demo/rollouts/v2" == wire.topic("demo")
+    assert wire.shard_topics("demo", b"peer", 1, 2) == ["sapo/demo/rollouts/v2"]
+    assert NetSection().shards == 1  # the default: today's single topic
+    assert wire.shard_topic("demo", 63, 64) == "sapo/demo/rollouts/v2/shard-63-of-64"
+    for bad in ((64, 64), (-1, 4), (0, 0), (0, wire.MAX_SHARDS + 1)):
+        with pytest.raises(ValueError):
+            wire.shard_topic("demo", *bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(peer=peers, shards=st.integers(1, 256), joined=st.integers(1, 64))
+def test_a_peers_shards_are_deterministic_distinct_and_in_range(
+    peer: bytes, shards: int, joined: int
+) -> None:
+    got = wire.shards_of(peer, shards, joined)
+    assert got == wire.shards_of(peer, shards, joined)
+    assert len(got) == len(set(got)) == min(joined, shards)
+    assert all(0 <= i < shards for i in got)
+    # joining more shards keeps the ones joined before (its home shard first)
+    assert wire.shards_of(peer, shards, joined + 1)[: len(got)] == got
+
+
+@settings(max_examples=12, deadline=None)
+@given(salt=st.binary(max_size=8), shards=st.integers(2, 16), joined=st.integers(1, 3))
+def test_shards_are_joined_evenly_whoever_the_peers_are(
+    salt: bytes, shards: int, joined: int
+) -> None:
+    """Every shard gets its share k/S of 1,200 peers, within 5 standard deviations."""
+    n = 1200
+    members = Counter(
+        i
+        for j in range(n)
+        for i in wire.shards_of(
+            hashlib.sha256(salt + j.to_bytes(4, "big")).digest(), shards, joined
+        )  # fmt: skip
+    )
+    p = min(joined, shards) / shards
+    mean, sd = n * p, (n * p * (1 - p)) ** 0.5
+    assert set(members) == set(range(shards))
+    assert all(abs(members[i] - mean) <= 5 * sd + 1 for i in range(shards)), members
+
+
+def test_a_peer_ids_shards_are_those_of_its_bytes(tmp_path: Path) -> None:
+    peer = identity.peer_id(identity.load_or_create(tmp_path))
+    from libp2p.peer.id import ID
+
+    assert identity.shards(peer, 64, 2) == wire.shards_of(ID.from_base58(peer).to_bytes(), 64, 2)
+
+
+def test_the_swarm_file_sets_the_shards_and_a_user_may_not_change_them(tmp_path: Path) -> None:
+    plain = write(tmp_path / "plain.toml", SWARM)
+    assert load_swarm_file(plain).swarm.shards == 1
+    flags = {"net": {"swarm_file": plain}}
+    assert load_config(overrides=flags, environ={}).net.shards == 1
+    sharded = write(
+        tmp_path / "s.toml", SWARM.replace('name = "demo"', 'name = "demo"\nshards = 8')
+    )
+    flags = {"net": {"swarm_file": sharded}}
+    cfg = load_config(overrides=flags, environ={})
+    assert (cfg.net.shards, cfg.net.shards_joined) == (8, 2)
+    joined = {"net": {"swarm_file": sharded, "shards_joined": 3}}
+    assert load_config(overrides=joined, environ={}).net.shards_joined == 3
+    with pytest.raises(ConfigError, match="net.shards is 4 but swarm file .* says 8"):
+        load_config(overrides={"net": {"swarm_file": sharded, "shards": 4}}, environ={})
+    assert load_config(overrides={"net": {"swarm_file": sharded, "shards": 8}}, environ={})
+    for bad, needle in (
+        (SWARM.replace('name = "demo"', 'name = "demo"\nshards = 0'), "swarm.shards"),
+        (SWARM.replace('name = "demo"', 'name = "demo"\nshards = "8"'), "swarm.shards"),
+        (SWARM + "[recommended.net]\nshards = 8\n", "recommended.net.shards"),
+    ):
+        path = write(tmp_path / "bad.toml", bad)
+        with pytest.raises(ConfigError, match=needle):
+            load_config(overrides={"net": {"swarm_file": path}}, environ={})
+
+
+def test_identity_prints_a_nodes_shards_in_a_sharded_swarm(tmp_path: Path, capsys) -> None:
+    from sapo_node.cli import main
+
+    argv = ["identity", "--data-dir", str(tmp_path), "--listen", "/ip4/127.0.0.1/tcp/4141"]
+    main(argv)
+    assert "shards:" not in capsys.readouterr().out  # one topic: nothing to say
+    config = write(tmp_path / "c.toml", "[net]\nshards = 64\nshards_joined = 3\n")
+    main([*argv, "--config", str(config)])
+    peer = identity.peer_id(identity.load_or_create(tmp_path))
+    joined = ", ".join(map(str, identity.shards(peer, 64, 3)))
+    assert f"shards: {joined} of 64" in capsys.readouterr().out
