@@ -1294,11 +1294,16 @@ async def _map_port(settings: dict[str, Any]) -> upnp.Mapping | None:
 _AT_EXIT: list[Any] = []  # bounded cleanups before this process exits (a UPnP mapping's)
 
 
-def _exit(code: int) -> None:
-    """Exit now, after the cleanups in _AT_EXIT (each bounded by itself)."""
-    for cleanup in _AT_EXIT:
+def _run_at_exit() -> None:
+    """The cleanups in _AT_EXIT, once (each bounded by itself)."""
+    while _AT_EXIT:
         with contextlib.suppress(Exception):
-            cleanup()
+            _AT_EXIT.pop()()
+
+
+def _exit(code: int) -> None:
+    """Exit now, after the cleanups in _AT_EXIT."""
+    _run_at_exit()
     os._exit(code)
 
 
@@ -1327,7 +1332,9 @@ def main() -> None:
     level = os.environ.get("SAPO_LIBP2P_LOG", "CRITICAL").upper()
     for name in ("libp2p", "multiaddr", "zeroconf", "aioquic", "async_service"):
         logging.getLogger(name).setLevel(level)
-    sys.exit(trio.run(_main, 0, out_fd))
+    code = trio.run(_main, 0, out_fd)
+    _run_at_exit()  # a fatal error after a mapping
+    sys.exit(code)
 
 
 if __name__ == "__main__":

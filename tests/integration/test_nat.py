@@ -61,10 +61,11 @@ def test_whole_nodes_behind_nat_take_each_others_groups(tiny_model_dir: Path) ->
     checks = result["checks"]
     assert checks["each_takes_the_others_groups"]
     assert checks["reachability"] == {"h1": "private", "h2": "private"}
+    assert checks["reason"] == {"h1": "nat", "h2": "nat"}  # UPnP asked, no router
     assert set(checks["exit_codes"].values()) == {0}  # every node stopped cleanly
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_home_node_with_upnp_reads_public_and_is_dialled_directly() -> None:
     """A real UPnP router (miniupnpd, nftables) in front of a home LAN
     (tests/support/nat_upnp.py): the node with net.upnp on maps its port, reads public
@@ -75,7 +76,8 @@ def test_home_node_with_upnp_reads_public_and_is_dialled_directly() -> None:
         pytest.skip(problem)
     if shutil.which(MINIUPNPD) is None:
         pytest.skip(f"no {MINIUPNPD} (Debian: apt-get install miniupnpd-nftables)")
-    code, result, log = run_unshared("tests.support.nat_upnp", timeout=75)
+    # ~15 s quiet; 36 s measured with the machine's load at 35
+    code, result, log = run_unshared("tests.support.nat_upnp", timeout=120)
     assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
     checks = result["checks"]
     assert checks["reachability"] == {
