@@ -140,3 +140,19 @@ def test_a_mapped_node_announces_the_router_address(monkeypatch, gateway) -> Non
     assert len(host._AT_EXIT) == 1  # deleted when the process exits
     host._AT_EXIT[0]()
     assert gateway.calls[-1] == ("delete", 4141, "TCP")
+
+
+def test_the_mapping_is_renewed_before_its_lease_ends(monkeypatch, gateway) -> None:
+    mapping = upnp.map_port(4141)
+    assert isinstance(mapping, upnp.Mapping)
+    network = host.Network.__new__(host.Network)  # only its mapping is used
+    network.mapping = mapping
+    monkeypatch.setattr(upnp, "RENEW_S", 0.01)
+
+    async def main() -> None:
+        with trio.move_on_after(0.2):
+            await network._keep_mapping()
+
+    trio.run(main)
+    renewals = [c for c in gateway.calls if c[0] == "add"][1:]
+    assert len(renewals) >= 3 and all(c[-1] == upnp.LEASE_S for c in renewals)
