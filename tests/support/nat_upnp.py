@@ -6,17 +6,17 @@ inside a user and network namespace of its own ("wan"). It makes, and removes wi
 itself:
 
     wan       pub 198.18.0.1 (a public node, address on lo)
-      |-- r1 (11.18.1.2) nftables masquerade, and miniupnpd (a real UPnP IGD)
+      |-- r1 (198.18.1.2) nftables masquerade, and a UPnP IGD (tests/support/igd.py)
       |     home1: up  10.1.0.2:4141, net.upnp on
       |            off 10.1.0.3:4142, net.upnp off
       |-- r2 (198.18.2.2) nftables masquerade, no UPnP
             home2: none 10.2.0.2:4141, net.upnp on
 
-r1's WAN address is the one outside 198.18.0.0/15: miniupnpd 2.3.1 (Debian 12) maps
-nothing for a router whose WAN address is reserved, 198.18/15 included ("private/reserved
-address ... is not suitable for external IP"; its ext_ip= option refuses such an address
-too, and it has no option to allow one). The namespaces have no way out, so no packet
-can reach the real 11.18.1.0/24.
+The IGD is a small Python one, run in r1's namespace: it answers the node's SSDP search
+on the LAN, serves its description and SOAP actions to the node's miniupnpc, and maps a
+port as a real nftables DNAT rule on r1 (tests/support/igd.py). Not miniupnpd: Debian's
+(2.3.1) maps nothing for a router whose WAN address is reserved, 198.18/15 included, and
+these tests may use only 198.18.0.0/15 (and the homes' 10.x LANs behind the routers).
 
 Each member is a real network process (``Libp2pTransport``, the node's own) started in
 its namespace. It checks: ``up`` reads public, reason upnp, and announces r1's WAN
@@ -30,8 +30,6 @@ passed, 1 if not, 3 if not in a fresh namespace.
 
 from __future__ import annotations
 
-import ctypes
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,49 +41,20 @@ from sapo_node.config import NetSection, PoolSection
 from sapo_node.net import identity
 from sapo_node.net.process import Libp2pTransport
 from tests.support.mdns_pair import lo_up, wait_for
-from tests.support.namespaces import script_main
+from tests.support.namespaces import REPO, script_main
 from tests.support.nat_swarm import Netns, nat
 
-UPNP_WAN = "11.18.1"  # r1's WAN /24 (see above)
-MINIUPNPD = "/usr/sbin/miniupnpd"
-
-# The chains miniupnpd adds its rules to (Debian's nft_init.sh makes the same, with a
-# forward policy of drop: here accept, as the router's only job is the NAT).
-UPNP_TABLES = """
-table inet miniupnpd {
-  chain forward { type filter hook forward priority 0; policy accept; jump miniupnpd; }
-  chain miniupnpd { }
-  chain prerouting {
-    type nat hook prerouting priority -100; policy accept; jump prerouting_miniupnpd;
-  }
-  chain postrouting {
-    type nat hook postrouting priority 100; policy accept; jump postrouting_miniupnpd;
-  }
-  chain prerouting_miniupnpd { }
-  chain postrouting_miniupnpd { }
-}
-"""
-
-
-def miniupnpd_conf(tmp: Path) -> str:
-    return f"""
-ext_ifname=wan0
-listening_ip=lan0
-http_port=0
-enable_upnp=yes
-enable_natpmp=no
-secure_mode=yes
-system_uptime=no
-lease_file={tmp}/upnp.leases
-uuid=5a905a90-0000-4000-8000-000000000030
-upnp_table_name=miniupnpd
-upnp_nat_table_name=miniupnpd
-upnp_forward_chain=miniupnpd
-upnp_nat_chain=prerouting_miniupnpd
-upnp_nat_postrouting_chain=postrouting_miniupnpd
-allow 1024-65535 10.1.0.0/24 1024-65535
-deny 0-65535 0.0.0.0/0 0-65535
-"""
+UPNP_WAN = "198.18.1"  # r1's WAN /24
+MAPPED = 'iifname "wan0" tcp dport 4141 dnat to 10.1.0.2:4141'  # the rule the IGD adds
+# what up's miniupnpc asks: discovery, then selectigd (status, address), map, unmap
+IGD_ACTIONS = [
+    "AddPortMapping",
+    "DeletePortMapping",
+    "GetExternalIPAddress",
+    "GetStatusInfo",
+    "M-SEARCH",
+]
+IGD_MAX_S = 150  # the IGD ends by itself after this long (the test's bound is 120 s)
 
 
 def build(ns: Netns) -> None:
@@ -102,20 +71,28 @@ def build(ns: Netns) -> None:
         ns.run(home, "ip", "route", "add", "default", "via", f"10.{i}.0.1")
         ns.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         ns.run(router, "nft", "-f", "-", stdin=nat(True, None))
-    ns.run("r1", "nft", "-f", "-", stdin=UPNP_TABLES)
     ns.run("home1", "ip", "addr", "add", "10.1.0.3/24", "dev", "eth0")
     ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: killed when this script ends, however it ends."""
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def igd_asked_by(log: str) -> dict[str, list[str]]:
+    """What each LAN client asked the IGD (its log's ``ssdp``/``soap`` lines)."""
+    asked: dict[str, set[str]] = {}
+    for line in log.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "ssdp":
+            asked.setdefault(rest.split(":")[0], set()).add("M-SEARCH")
+        elif kind == "soap":
+            client, action = rest.split()[:2]
+            asked.setdefault(client, set()).add(action)
+    return {client: sorted(actions) for client, actions in sorted(asked.items())}
 
 
 def mapped_ports(ns: Netns) -> str:
+    """The DNAT rules in r1's prerouting chain (where the IGD adds its mappings)."""
     with ns.inside("r1"):
         out = subprocess.run(
-            ["nft", "list", "chain", "inet", "miniupnpd", "prerouting_miniupnpd"],
+            ["nft", "list", "chain", "ip", "nat", "pre"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -160,18 +137,29 @@ def run() -> dict[str, object]:
         return members[name].child_stats.get(key)
 
     with tempfile.TemporaryDirectory(prefix="nat-upnp-") as tmp:
-        conf, log = Path(tmp) / "miniupnpd.conf", Path(tmp) / "miniupnpd.log"
-        conf.write_text(miniupnpd_conf(Path(tmp)))
+        log = Path(tmp) / "igd.log"
         try:
             with ns.inside("r1"), log.open("wb") as out:
                 daemon = subprocess.Popen(
-                    [MINIUPNPD, "-d", "-f", str(conf), "-P", f"{tmp}/miniupnpd.pid"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "tests.support.igd",
+                        "--lan-ip",
+                        "10.1.0.1",
+                        "--wan-ip",
+                        f"{UPNP_WAN}.2",
+                        "--max-s",
+                        str(IGD_MAX_S),
+                        "--die-with-parent",
+                    ],
+                    cwd=REPO,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
+                    stdin=subprocess.DEVNULL,
                 )
-            if not wait_for(lambda: b"HTTP listening" in log.read_bytes(), 10):
-                result["error"] = f"miniupnpd did not start: {log.read_text()[-1500:]}"
+            if not wait_for(lambda: b"ready " in log.read_bytes(), 15):
+                result["error"] = f"the IGD did not start: {log.read_text()[-1500:]}"
                 return result
             t0 = time.monotonic()
             # a peer on the wan that knows only the address the router is to map
@@ -196,7 +184,7 @@ def run() -> dict[str, object]:
                 for n in ("up", "off", "none")
             }
             checks["announced"] = [a.split("/p2p/")[0] for a in members["up"].addrs]
-            checks["router_maps_4141"] = "dport 4141" in mapped_ports(ns)
+            checks["router_maps_4141"] = MAPPED in mapped_ports(ns)
             checks["pub_dialled_up"] = wait_for(lambda: (stat("pub", "connected") or 0) >= 1, 20)
             checks["pub_connections"] = [
                 stat("pub", "connections_direct"),
@@ -205,6 +193,7 @@ def run() -> dict[str, object]:
             members.pop("up").close()
             checks["mapping_deleted"] = wait_for(lambda: "dport 4141" not in mapped_ports(ns), 5)
             checks["seconds"] = round(time.monotonic() - t0, 1)
+            checks["igd_asked_by"] = igd_asked_by(log.read_text(errors="replace"))
             want = {
                 "reachability": {
                     "up": ["public", "upnp"],
@@ -216,11 +205,12 @@ def run() -> dict[str, object]:
                 "pub_dialled_up": True,
                 "pub_connections": [1, 0],
                 "mapping_deleted": True,
+                "igd_asked_by": {"10.1.0.2": IGD_ACTIONS},  # not by `off` (10.1.0.3)
             }
             failed = [k for k, v in want.items() if checks[k] != v]
             if failed:
                 result["error"] = f"failed: {failed}"
-                result["miniupnpd_log"] = log.read_text(errors="replace")[-1500:]
+                result["igd_log"] = log.read_text(errors="replace")[-1500:]
                 return result
             result["ok"] = True
             return result

@@ -1,6 +1,6 @@
 """UPnP port mapping (net/upnp.py) against a fake miniupnpc: the outcomes and their
 reasons, the start-up bound, and when the network process asks at all. The real router
-(miniupnpd in network namespaces) is tests/integration/test_nat.py's."""
+(a UPnP IGD and nftables in network namespaces) is tests/integration/test_nat.py's."""
 
 from __future__ import annotations
 
