@@ -23,7 +23,9 @@ its namespace. It checks: ``up`` reads public, reason upnp, and announces r1's W
 address with its port; the router holds the mapping; ``pub``, given only that address,
 dials ``up`` directly (no relay) through the router; ``off`` and ``none`` read private
 (reason nat; ``none`` asked, and nobody answered); when ``up`` stops, the mapping is gone
-from the router. The members start together, in threads (the start-up bound is
+from the router; only ``up`` asked the IGD (its search reaches r1's lan0 by the home's
+default route; then GetStatusInfo, GetExternalIPAddress, AddPortMapping and, on stop,
+DeletePortMapping). The members start together, in threads (the start-up bound is
 tests/unit/test_upnp.py's). It prints one JSON line and exits 0 if every check
 passed, 1 if not, 3 if not in a fresh namespace.
 """
