@@ -292,8 +292,9 @@ def identity(
 
 REACHABILITY_NOTE = {
     "public": "peers anywhere can dial these addresses",
-    "private": "only LAN addresses: peers on this LAN can dial them, others cannot; with a "
-    "forwarded port, pass --announce /ip4/<public IP>/tcp/<port>",
+    "private": "only LAN addresses: peers on this LAN can dial them, others cannot; public "
+    "at start if the router maps a port (UPnP, net.upnp), or with a forwarded port and "
+    "--announce /ip4/<public IP>/tcp/<port>",
     "local": "loopback only: reachable from this machine",
 }
 

@@ -578,6 +578,12 @@ class NetSection(_Section):
         "announce addresses or an address outside the LAN ranges, private behind NAT (DHT "
         "client, announces nothing, shows no LAN address to peers outside the LAN).",
     )
+    upnp: bool = Field(
+        True,
+        description="A node that would be private asks its home router (UPnP IGD) to map "
+        "its TCP listen port, for at most 2 s at start; given a mapping, it announces the "
+        "router's external address and is public (reason upnp). Off: it never asks.",
+    )
     relay_reservations: int = Field(
         128,
         ge=0,

@@ -60,6 +60,8 @@ class NetStats:
     bytes_out: int = 0
     restarts: int = 0
     reachability: str = ""  # public, private or local (net/reach.py); "" without a network
+    # why: config, announce, address, upnp (a router's port mapping), loopback or nat
+    reachability_reason: str = ""
     connections_direct: int = 0
     connections_relayed: int = 0  # through a circuit relay
     routing_table: int = 0  # peers in the DHT routing table

@@ -26,7 +26,9 @@ message id, and discovery through the DHT. Two more keep a node behind NAT from
 poisoning discovery with its LAN addresses (issue 30, net/reach.py): identify shows
 peers outside its LAN none of them (trap 16), and a DHT routing table takes only peers
 that serve the DHT from an address others can dial (trap 17); circuit relay v2 is wired
-in by hand (trap 18). Where the library forgets a peer in pieces (a ban, a disconnect
+in by hand (trap 18). A node that would be private asks its home router for a port
+mapping (UPnP, net/upnp.py, trap 19) and, given one, is public at the router's address.
+Where the library forgets a peer in pieces (a ban, a disconnect
 after one), ``SwarmPubsub.forget_peer`` forgets it everywhere at once, and ``stats``
 reports any per-peer state still held for a peer that is gone.
 """
@@ -78,7 +80,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo_node import peerstate, wire
 from sapo_node.logs import configure_logging
-from sapo_node.net import NetError, count_refusal, dnsaddr, identity, ipc, reach
+from sapo_node.net import NetError, count_refusal, dnsaddr, identity, ipc, reach, upnp
 from sapo_node.net.ports import check_ports_free
 from sapo_node.pool import RateLimiter
 
@@ -597,8 +599,14 @@ def announced_addresses(listen: list[str], announce: list[str]) -> list[str]:
 class Network:
     """The host, pubsub, DHT and the loops around them."""
 
-    def __init__(self, settings: dict[str, Any], out: ipc.FrameWriter) -> None:
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        out: ipc.FrameWriter,
+        mapping: upnp.Mapping | None = None,
+    ) -> None:
         self.s, self.out = settings, out
+        self.mapping = mapping  # a port the home router maps to this node (UPnP)
         self.topic: str = settings["topic"]  # the swarm's topic: its DHT key
         # The topics this node joins and publishes on (its shards, docs/scale.md), its
         # home shard's first; a swarm of one shard has one, the swarm's topic.
@@ -661,7 +669,11 @@ class Network:
         # ours): publishing faster only loses groups, so this node waits instead.
         self.own_rate = RateLimiter(settings["rate_per_author"], settings["burst_per_author"])
         shown = [str(a) for a in announce] or [str(a) for a in interface_addresses(self.listen)]
-        self.reachability = reach.decide(settings.get("reachability", "auto"), announce, shown)
+        self.reachability, self.reason = reach.explain(
+            settings.get("reachability", "auto"), announce, shown
+        )
+        if mapping is not None:
+            self.reason = "upnp"
         REACHABILITY[0] = self.reachability
         self.dht = None
         if settings["dht"]:
@@ -822,14 +834,15 @@ class Network:
                     addrs=[str(a) for a in self.host.get_addrs()],
                     topics=self.topics,
                     reachability=self.reachability,
+                    reason=self.reason,
                 )
                 if self.reachability == "private":
                     log.info(
                         "this node is private: it has only LAN addresses, so peers elsewhere "
                         "cannot dial it directly; it dials out, is reached through public "
                         "nodes' relays, asks the DHT as a client and shows peers outside its "
-                        "LAN no LAN address. With a forwarded port, pass "
-                        "--announce /ip4/<public IP>/tcp/<port> to be public."
+                        "LAN no LAN address. To be public, turn UPnP on in the router, or "
+                        "forward the port and pass --announce /ip4/<public IP>/tcp/<port>."
                     )
                 async with trio.open_nursery() as nursery:
                     self.nursery = nursery
@@ -837,6 +850,8 @@ class Network:
                         nursery.start_soon(self._deliver, subscription)
                     nursery.start_soon(self._report)
                     nursery.start_soon(self._discover)
+                    if self.mapping is not None:
+                        nursery.start_soon(self._keep_mapping)
                     await self._obey(commands)
                     nursery.cancel_scope.cancel()
 
@@ -848,7 +863,7 @@ class Network:
                 # Tearing the services down politely can take seconds, and peers see the
                 # connections close either way.
                 sys.stderr.flush()
-                os._exit(0)
+                _exit(0)
             if frame[0] == "publish":
                 while not self.own_rate.allow("", time.monotonic()):
                     await trio.sleep(1.0 / self.own_rate.rate)
@@ -864,6 +879,21 @@ class Network:
                     author = ID.from_base58(frame[1])
                     if author in self.pubsub.peers:
                         self.scorer.on_invalid_message(author, self.home)
+
+    async def _keep_mapping(self) -> None:
+        """Renew the router's port mapping at half its lease (it lapses if this process
+        dies without deleting it)."""
+        assert self.mapping is not None
+        while True:
+            await trio.sleep(upnp.RENEW_S)
+            why = await upnp.call(self.mapping.renew)
+            if why is not None:
+                log.warning(
+                    "UPnP: the router did not renew the port mapping; peers may not reach "
+                    "this node at its announced address until it is mapped again",
+                    addr=self.mapping.addr,
+                    reason=why,
+                )
 
     async def _backpressure(self) -> None:
         """trap 4: wait (bounded) until every live peer's outbound queue has room, so
@@ -932,6 +962,7 @@ class Network:
             "stale_state": {p.pretty(): v for p, v in self.pubsub.stale_state(live).items()},
             "backoff": len(self.backoff),
             "reachability": self.reachability,
+            "reachability_reason": self.reason,
             "discovery_pass_s": round(self.pass_s, 3),
             "relays": len(self.relays),
             "routing_table": self.dht.get_routing_table_size() if self.dht is not None else 0,
@@ -1300,7 +1331,8 @@ async def _main(in_fd: int, out_fd: int) -> int:
     configure_logging(json_logs=settings.get("json_logs", False))
     try:
         check_ports_free([multiaddr.Multiaddr(a) for a in settings["listen"]])
-        network = Network(settings, out)
+        mapping = await _map_port(settings)
+        network = Network(settings, out, mapping)
     except (NetError, ValueError) as exc:
         await out.send(["fatal", str(exc)])
         return 1
@@ -1317,12 +1349,67 @@ async def _main(in_fd: int, out_fd: int) -> int:
     return 1
 
 
+async def _map_port(settings: dict[str, Any]) -> upnp.Mapping | None:
+    """A node that would be private, with net.upnp on, asks its home router to map its
+    TCP listen port (at most upnp.DISCOVER_S). Given a mapping, it announces the router's
+    external address (so it reads public, reason upnp), deletes the mapping when it stops,
+    and renews it meanwhile (Network._keep_mapping). One log line either way."""
+    if not settings.get("upnp") or settings["announce"] or settings.get("reachability") != "auto":
+        return None
+    shown = announced_addresses(settings["listen"], [])
+    if reach.decide("auto", [], shown) != "private":
+        return None
+    ports = [
+        int(parts[4])
+        for parts in (a.split("/") for a in settings["listen"])
+        if len(parts) > 4 and parts[1] == "ip4" and parts[3] == "tcp"
+    ]
+    if not ports or ports[0] == 0:
+        log.info(
+            "UPnP not tried: the TCP listen port is chosen at start (port 0); give a "
+            "fixed one (net.listen) for the router to map",
+            listen=settings["listen"],
+        )
+        return None
+    result = await upnp.open_mapping(ports[0])
+    if isinstance(result, str):
+        log.info("UPnP: no port mapping, this node stays private", reason=result)
+        return None
+    log.info(
+        "UPnP: the router maps a TCP port to this node, which is public at its address",
+        addr=result.addr,
+        to=f"{result.lan_ip}:{result.port}",
+        lease_s=upnp.LEASE_S,
+    )
+    settings["announce"] = [result.addr]
+    _AT_EXIT.append(lambda: upnp.delete_now(result))
+    # The parent stops this process with SIGUSR1 (main): delete the mapping first.
+    signal.signal(signal.SIGUSR1, lambda *_: _exit(0))
+    return result
+
+
+_AT_EXIT: list[Any] = []  # bounded cleanups before this process exits (a UPnP mapping's)
+
+
+def _run_at_exit() -> None:
+    """The cleanups in _AT_EXIT, once (each bounded by itself)."""
+    while _AT_EXIT:
+        with contextlib.suppress(Exception):
+            _AT_EXIT.pop()()
+
+
+def _exit(code: int) -> None:
+    """Exit now, after the cleanups in _AT_EXIT."""
+    _run_at_exit()
+    os._exit(code)
+
+
 def _watch_parent(parent_pid: int) -> None:
     """Exit as soon as the parent is gone, even while the event loop is busy (a publish
     waiting out backpressure reads no command, and so no end of stdin, for 10 s)."""
     while os.getppid() == parent_pid:
         time.sleep(0.5)
-    os._exit(0)
+    _exit(0)
 
 
 def main() -> None:
@@ -1331,7 +1418,8 @@ def main() -> None:
     os.dup2(2, 1)
     # The parent decides when to stop: a SIGINT or SIGTERM sent to the whole process
     # group reaches this process too, and dying of it made the node restart its network
-    # while stopping. The parent stops it with SIGUSR1 (its default action ends it).
+    # while stopping. The parent stops it with SIGUSR1 (its default action ends it; with
+    # a UPnP mapping, _map_port's handler deletes the mapping first).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
@@ -1341,7 +1429,9 @@ def main() -> None:
     level = os.environ.get("SAPO_LIBP2P_LOG", "CRITICAL").upper()
     for name in ("libp2p", "multiaddr", "zeroconf", "aioquic", "async_service"):
         logging.getLogger(name).setLevel(level)
-    sys.exit(trio.run(_main, 0, out_fd))
+    code = trio.run(_main, 0, out_fd)
+    _run_at_exit()  # a fatal error after a mapping
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,7 @@ class Libp2pTransport:
             "mdns": net.mdns,
             "dht": net.dht,
             "reachability": net.reachability,
+            "upnp": net.upnp,
             "nameservers": list(net.nameservers),
             "redial_s": net.redial_s,
             "max_peers": net.max_peers,
@@ -175,6 +176,7 @@ class Libp2pTransport:
                 setattr(s, name, self._base[name] + int(self.child_stats.get(name, 0)))
             s.peers = self.peers()
             s.reachability = str(self.child_stats.get("reachability", ""))
+            s.reachability_reason = str(self.child_stats.get("reachability_reason", ""))
             for name in (
                 "connections_direct",
                 "connections_relayed",

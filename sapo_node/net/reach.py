@@ -6,9 +6,10 @@ then spent its dial loop on 192.168.x addresses that lead nowhere (issue 30). So
 decides its reachability once, at start (:func:`decide`):
 
 - ``public``: peers anywhere can dial it: it was given addresses to announce (a
-  forwarded port, a VPS), or an interface has an address outside the LAN ranges below.
-  Its DHT is a server and it announces the swarm.
-- ``private``: behind NAT (every address is a LAN address). Its DHT is a client, it
+  forwarded port, a VPS), an interface has an address outside the LAN ranges below, or
+  its home router mapped a port for it (UPnP, net/upnp.py: it announces the router's
+  external address). Its DHT is a server and it announces the swarm.
+- ``private``: behind NAT (every address is a LAN address, no UPnP mapping). Its DHT is a client, it
   announces nothing, and peers outside its LAN never see its LAN addresses
   (:func:`shown`). It dials out and takes part; mDNS still finds it on its LAN.
 - ``local``: it listens on loopback only. Everyone who can reach it is on this machine
@@ -104,16 +105,32 @@ def decide(setting: str, announce: Iterable[str], addrs: Iterable[str]) -> Reach
     >>> decide("private", ["/ip4/203.0.113.7/tcp/4141"], [])
     'private'
     """
+    return explain(setting, announce, addrs)[0]
+
+
+def explain(
+    setting: str, announce: Iterable[str], addrs: Iterable[str]
+) -> tuple[Reachability, str]:
+    """:func:`decide`, with the reason shown in the log and ``/status``: ``config``
+    (net.reachability set), ``announce``, ``address`` (one outside the LAN ranges),
+    ``loopback`` or ``nat``. (``upnp`` is the network process's: a router mapped a port
+    and its external address is announced, net/upnp.py.)
+
+    >>> explain("auto", [], ["/ip4/192.168.1.20/tcp/4141"])
+    ('private', 'nat')
+    >>> explain("auto", ["/ip4/203.0.113.7/tcp/4141"], [])
+    ('public', 'announce')
+    """
     if setting != "auto":
-        return setting  # type: ignore[return-value]
+        return setting, "config"  # type: ignore[return-value]
     if list(announce):
-        return "public"
+        return "public", "announce"
     ips = [ip for ip in map(ip_of, addrs) if ip is not None]
     if any(not is_lan(ip) for ip in ips):
-        return "public"
+        return "public", "address"
     if ips and all(is_loopback(ip) for ip in ips):
-        return "local"
-    return "private"
+        return "local", "loopback"
+    return "private", "nat"
 
 
 def shown(reachability: Reachability, addrs: list[str], peer_ip: str | None) -> list[str]:

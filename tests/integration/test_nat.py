@@ -2,9 +2,11 @@
 two home routers doing nftables masquerade, one of them symmetric) and removes when its
 user namespace ends: ``tests/support/nat_swarm.py`` says what it builds and checks.
 
-Nothing leaves the namespaces: their addresses are 198.18.0.0/15 and 10.0.0.0/8, inside
-a network namespace of their own. Where namespaces or nftables are missing the test is
-skipped with the reason; `.ci/run` installs nftables, so CI runs it.
+Nothing leaves the namespaces: their addresses are 198.18.0.0/15 and, behind the home
+routers, 10.0.0.0/8, inside a network namespace of their own. The UPnP router's IGD is a
+small Python one (tests/support/igd.py; tests/support/nat_upnp.py says why not miniupnpd).
+Where namespaces or nftables are missing the test is skipped with the reason; `.ci/run`
+installs nftables, so CI runs it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.namespaces import nft_problem, run_unshared
+from tests.support.nat_upnp import IGD_ACTIONS
 
 RUN_S = 150  # ~25 s quiet (five network processes start one after another)
 
@@ -58,4 +61,30 @@ def test_whole_nodes_behind_nat_take_each_others_groups(tiny_model_dir: Path) ->
     checks = result["checks"]
     assert checks["each_takes_the_others_groups"]
     assert checks["reachability"] == {"h1": "private", "h2": "private"}
+    assert checks["reason"] == {"h1": "nat", "h2": "nat"}  # UPnP asked, no router
     assert set(checks["exit_codes"].values()) == {0}  # every node stopped cleanly
+
+
+@pytest.mark.timeout(150)
+def test_home_node_with_upnp_reads_public_and_is_dialled_directly() -> None:
+    """A UPnP router (a Python IGD, nftables DNAT) in front of a home LAN
+    (tests/support/nat_upnp.py): the node with net.upnp on maps its port, reads public
+    (reason upnp), announces the router's address and is dialled there by a public node,
+    not through a relay; with upnp off, or no router to ask, a home node reads private."""
+    problem = nft_problem()
+    if problem:
+        pytest.skip(problem)
+    # ~15 s quiet; 36 s measured with the machine's load at 35
+    code, result, log = run_unshared("tests.support.nat_upnp", timeout=120)
+    assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
+    checks = result["checks"]
+    assert checks["reachability"] == {
+        "up": ["public", "upnp"],
+        "off": ["private", "nat"],
+        "none": ["private", "nat"],
+    }
+    assert checks["announced"] == ["/ip4/198.18.1.2/tcp/4141"]
+    assert checks["pub_dialled_up"] and checks["pub_connections"] == [1, 0]  # direct, 0 relayed
+    assert checks["router_maps_4141"] and checks["mapping_deleted"]
+    # the router was asked by the node with UPnP on (found, selected, mapped, unmapped) only
+    assert checks["igd_asked_by"] == {"10.1.0.2": IGD_ACTIONS}

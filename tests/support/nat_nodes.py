@@ -109,6 +109,10 @@ def run(model: Path, within: float) -> dict[str, object]:
             checks["reachability"] = {
                 n: f.get("net", {}).get("reachability") for n, f in facts.items()
             }
+            # why, as /status says it (these asked for a UPnP mapping: no router answered)
+            checks["reason"] = {
+                n: f.get("net", {}).get("reachability_reason") for n, f in facts.items()
+            }
             checks["relayed"] = {
                 n: f.get("net", {}).get("connections_relayed") for n, f in facts.items()
             }

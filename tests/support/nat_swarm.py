@@ -191,9 +191,10 @@ def run(deliver_s: float) -> dict[str, object]:
             start("pub1", None, "/ip4/198.18.0.1/tcp/4001", [])
             start("pub2", None, "/ip4/198.18.0.2/tcp/4001", [addr("pub1")])
             boot = [addr("pub1"), addr("pub2")]
-            start("h1", "home1", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False)
+            # no UPnP router here (nat_upnp.py has one): not asking saves 2 s a start
+            start("h1", "home1", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False, upnp=False)
             h2_started = time.monotonic()
-            start("h2", "home2", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False)
+            start("h2", "home2", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False, upnp=False)
             start(
                 "h3",
                 "home1",

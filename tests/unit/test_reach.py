@@ -14,21 +14,24 @@ def test_doctests() -> None:
 
 
 @pytest.mark.parametrize(
-    ("setting", "announce", "addrs", "expected"),
+    ("setting", "announce", "addrs", "expected", "reason"),
     [
-        ("auto", [], ["/ip4/192.168.1.20/tcp/4141", "/ip4/172.17.0.2/tcp/4141"], "private"),
-        ("auto", [], ["/ip4/100.72.1.9/tcp/4141"], "private"),  # carrier-grade NAT
-        ("auto", [], [], "private"),  # no address at all: nobody can dial it
-        ("auto", [], ["/ip4/10.0.0.5/tcp/4141", "/ip4/203.0.113.7/tcp/4141"], "public"),
-        ("auto", ["/ip4/203.0.113.7/tcp/4141"], ["/ip4/10.0.0.5/tcp/4141"], "public"),
-        ("auto", [], ["/ip4/127.0.0.1/tcp/4141", "/ip6/::1/tcp/4141"], "local"),
-        ("auto", [], ["/ip4/127.0.0.1/tcp/4141", "/ip4/10.0.0.5/tcp/4141"], "private"),
-        ("public", [], ["/ip4/10.0.0.5/tcp/4141"], "public"),
-        ("private", [], ["/ip4/203.0.113.7/tcp/4141"], "private"),
+        ("auto", [], ["/ip4/192.168.1.20/tcp/4141", "/ip4/172.17.0.2/tcp/4141"], "private", "nat"),
+        ("auto", [], ["/ip4/100.72.1.9/tcp/4141"], "private", "nat"),  # carrier-grade NAT
+        ("auto", [], [], "private", "nat"),  # no address at all: nobody can dial it
+        ("auto", [], ["/ip4/10.0.0.5/tcp/4141", "/ip4/203.0.113.7/tcp/4141"], "public", "address"),
+        ("auto", ["/ip4/203.0.113.7/tcp/4141"], ["/ip4/10.0.0.5/tcp/4141"], "public", "announce"),
+        ("auto", [], ["/ip4/127.0.0.1/tcp/4141", "/ip6/::1/tcp/4141"], "local", "loopback"),
+        ("auto", [], ["/ip4/127.0.0.1/tcp/4141", "/ip4/10.0.0.5/tcp/4141"], "private", "nat"),
+        ("public", [], ["/ip4/10.0.0.5/tcp/4141"], "public", "config"),
+        ("private", [], ["/ip4/203.0.113.7/tcp/4141"], "private", "config"),
     ],
 )
-def test_decide(setting: str, announce: list[str], addrs: list[str], expected: str) -> None:
+def test_decide(
+    setting: str, announce: list[str], addrs: list[str], expected: str, reason: str
+) -> None:
     assert reach.decide(setting, announce, addrs) == expected
+    assert reach.explain(setting, announce, addrs) == (expected, reason)
 
 
 def test_a_private_node_shows_outsiders_no_lan_address() -> None:
