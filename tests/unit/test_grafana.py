@@ -25,7 +25,12 @@ def _exported() -> set[str]:
         "phase_s/generate": 1.0, "phase_s/score": 1.0, "phase_s/train": 1.0,
         "phase_s/round": 3.0, "groups/external_age_s": 4.0,
     }  # fmt: skip
-    net = {**dict.fromkeys(vars(NetStats()), 1), "reachability": "private", "silent_s": 1}
+    net = {
+        **dict.fromkeys(vars(NetStats()), 1),
+        **{"shards": "3,17 of 64", "mesh_peers": [4, 5]},  # a sharded swarm's
+        "reachability": "private",
+        "silent_s": 1,
+    }
     facts = {
         "version": "0", "role": "node", "peer_id": "p", "model": "m", "healthy": True,
         "uptime_s": 1.0, "rss_mb": 1.0, "round": 3, "since_progress_s": 1.0,
