@@ -54,15 +54,16 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_swarm import LOOPBACK, POLL_S, Ledger, completions, group_bytes, load  # noqa: E402
+from bench_swarm import LOOPBACK, POLL_S, Ledger, Swarm, completions, group_bytes, load  # noqa: E402
 
 from sapo_node.config import NetSection, PoolSection  # noqa: E402
 from sapo_node.net import NetError  # noqa: E402
 from sapo_node.net.process import Libp2pTransport  # noqa: E402
 
 
-class ScaleSwarm:
-    """N transports in this process, node i bootstrapped to node 0 and node i-1."""
+class ScaleSwarm(Swarm):
+    """N transports in this process, node i bootstrapped to node 0 and node i-1; its own
+    start-up and settling, bench_swarm's ``poll`` and ``close``."""
 
     def __init__(self, root: Path, args: argparse.Namespace, shards: int) -> None:
         self.root, self.args, self.shards = root, args, shards
@@ -120,21 +121,6 @@ class ScaleSwarm:
             self.poll(None)
             time.sleep(0.2)
         return time.monotonic() - start
-
-    def poll(self, ledger: Ledger | None) -> None:
-        for r, t in enumerate(self.nodes):
-            for item in t.received():
-                author = self.index.get(item.author)
-                if ledger is not None and author is not None:
-                    ledger.receive(r, author, item.data, item.received_at)
-
-    def close(self) -> None:
-        for t in self.nodes:
-            try:
-                t.close()
-            except Exception as exc:  # close the others whatever happens to one
-                print(f"close failed: {exc!r}", file=sys.stderr)
-        self.nodes.clear()
 
 
 def cpu(pid: int) -> float:
@@ -425,7 +411,8 @@ def report_point(p: dict[str, Any], args: argparse.Namespace) -> None:
     bin_m, _, _ = summary(p, "bytes_in_s")
     bout_m, _, bout_max = summary(p, "bytes_out_s")
     g_m, g_min, _ = summary(p, "groups_s")
-    copies = statistics.mean(x["copies"] for x in p["per_node"] if x["groups_s"] > 0)
+    heard = [x["copies"] for x in p["per_node"] if x["groups_s"] > 0]
+    copies = statistics.mean(heard) if heard else 0.0  # nobody heard anyone: 0
     deliv_m, deliv_min, _ = summary(p, "delivery")
     meshes = [min(x["mesh"]) for x in p["per_node"]]
     print(

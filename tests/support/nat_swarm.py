@@ -127,22 +127,28 @@ table ip nat {{
 """
 
 
+def add_home(ns: Netns, i: int, rules: str) -> None:
+    """Home network i behind router r{i}: the router's WAN end 198.18.{i}.2/24 on the wan
+    (whose end is .1), its LAN 10.{i}.0.1/24, the home's host 10.{i}.0.2, forwarding on
+    and the router's nftables ``rules``."""
+    router, home = f"r{i}", f"home{i}"
+    for name in (router, home):
+        with ns.inside(name):
+            lo_up()
+    ns.link(None, f"r{i}w", f"198.18.{i}.1/24", router, "wan0", f"198.18.{i}.2/24")
+    ns.link(router, "lan0", f"10.{i}.0.1/24", home, "eth0", f"10.{i}.0.2/24")
+    ns.run(router, "ip", "route", "add", "default", "via", f"198.18.{i}.1")
+    ns.run(home, "ip", "route", "add", "default", "via", f"10.{i}.0.1")
+    ns.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    ns.run(router, "nft", "-f", "-", stdin=rules)
+
+
 def build(ns: Netns) -> None:
     lo_up()
     for ip in ("198.18.0.1/32", "198.18.0.2/32"):
         ns.run(None, "ip", "addr", "add", ip, "dev", "lo")
-    for i, ports_kept in ((1, True), (2, False)):
-        router, home = f"r{i}", f"home{i}"
-        for name in (router, home):
-            with ns.inside(name):
-                lo_up()
-        ns.link(None, f"r{i}w", f"198.18.{i}.1/24", router, "wan0", f"198.18.{i}.2/24")
-        ns.link(router, "lan0", f"10.{i}.0.1/24", home, "eth0", f"10.{i}.0.2/24")
-        ns.run(router, "ip", "route", "add", "default", "via", f"198.18.{i}.1")
-        ns.run(home, "ip", "route", "add", "default", "via", f"10.{i}.0.1")
-        ns.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        forward = (4142, "10.1.0.3") if i == 1 else None
-        ns.run(router, "nft", "-f", "-", stdin=nat(ports_kept, forward))
+    add_home(ns, 1, nat(True, (4142, "10.1.0.3")))
+    add_home(ns, 2, nat(False, None))
     ns.run("home1", "ip", "addr", "add", "10.1.0.3/24", "dev", "eth0")
     ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 

@@ -44,7 +44,7 @@ from sapo_node.net import identity
 from sapo_node.net.process import Libp2pTransport
 from tests.support.mdns_pair import lo_up, wait_for
 from tests.support.namespaces import REPO, script_main
-from tests.support.nat_swarm import Netns, nat
+from tests.support.nat_swarm import Netns, add_home, nat
 
 UPNP_WAN = "198.18.1"  # r1's WAN /24
 MAPPED = 'iifname "wan0" tcp dport 4141 dnat to 10.1.0.2:4141'  # the rule the IGD adds
@@ -62,17 +62,8 @@ IGD_MAX_S = 150  # the IGD ends by itself after this long (the test's bound is 1
 def build(ns: Netns) -> None:
     lo_up()
     ns.run(None, "ip", "addr", "add", "198.18.0.1/32", "dev", "lo")
-    for i, wan in ((1, UPNP_WAN), (2, "198.18.2")):
-        router, home = f"r{i}", f"home{i}"
-        for name in (router, home):
-            with ns.inside(name):
-                lo_up()
-        ns.link(None, f"r{i}w", f"{wan}.1/24", router, "wan0", f"{wan}.2/24")
-        ns.link(router, "lan0", f"10.{i}.0.1/24", home, "eth0", f"10.{i}.0.2/24")
-        ns.run(router, "ip", "route", "add", "default", "via", f"{wan}.1")
-        ns.run(home, "ip", "route", "add", "default", "via", f"10.{i}.0.1")
-        ns.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        ns.run(router, "nft", "-f", "-", stdin=nat(True, None))
+    for i in (1, 2):
+        add_home(ns, i, nat(True, None))
     ns.run("home1", "ip", "addr", "add", "10.1.0.3/24", "dev", "eth0")
     ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
