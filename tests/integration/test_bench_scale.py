@@ -19,8 +19,8 @@ def test_the_scale_benchmark_runs_both_arms(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_scale.py"), "--nodes", "2,3",
          "--seconds", "1", "--idle-seconds", "0.5", "--warm-seconds", "0.5", "--round-s", "1",
-         "--arms", "single,sharded", "--shards", "2", "--shard-members", "0",
-         "--settle-s", "5", "--log", str(tmp_path / "net.log")],
+         "--arms", "single,sharded", "--shards", "2", "--shards-joined", "2",
+         "--shard-members", "0", "--settle-s", "5", "--log", str(tmp_path / "net.log")],
         capture_output=True, text=True, timeout=170, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
