@@ -153,12 +153,13 @@ def publisher(
             return
 
 
-def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
+def start_publishers(
+    swarm: ScaleSwarm, args: argparse.Namespace, ledger: Ledger, stop: threading.Event
+) -> list[threading.Thread]:
+    """Every member publishing ``args.groups`` groups every ``args.round_s``, the members'
+    rounds spread over it, until ``stop``."""
     n = len(swarm.nodes)
     texts = [completions(random.Random(i)) for i in range(n)]
-    size = len(group_bytes(texts[0], 0, 10**6, int(time.time() * 1000)))
-    ledger = Ledger()
-    stop = threading.Event()
     threads = [
         threading.Thread(
             target=publisher,
@@ -167,6 +168,16 @@ def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
         )
         for i, t in enumerate(swarm.nodes)
     ]
+    for th in threads:
+        th.start()
+    return threads
+
+
+def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
+    n = len(swarm.nodes)
+    size = len(group_bytes(completions(random.Random(0)), 0, 10**6, int(time.time() * 1000)))
+    ledger = Ledger()
+    stop = threading.Event()
     pids = [t._proc.pid for t in swarm.nodes]
     # warm: discovery's first passes (DHT announcements, dials) are over
     t_warm = time.monotonic()
@@ -185,8 +196,7 @@ def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
     me0 = cpu(os.getpid())
     psutil.cpu_percent()
     start = time.monotonic()
-    for th in threads:
-        th.start()
+    threads = start_publishers(swarm, args, ledger, stop)
     while time.monotonic() - start < args.seconds:
         swarm.poll(ledger)
         time.sleep(POLL_S)
@@ -261,20 +271,9 @@ def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
 def late_joiner(swarm: ScaleSwarm, args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
     """One more member, bootstrapped to node 0 only: seconds until it meshes on each of
     its topics, and until it has received a group (its members go on publishing)."""
-    texts = [completions(random.Random(i)) for i in range(len(swarm.nodes))]
     ledger = Ledger()
     stop = threading.Event()
-    n = len(swarm.nodes)
-    threads = [
-        threading.Thread(
-            target=publisher,
-            args=(ledger, t, i, texts[i], args.groups, args.round_s, args.round_s * i / n, stop),
-            daemon=True,
-        )
-        for i, t in enumerate(swarm.nodes)
-    ]
-    for th in threads:
-        th.start()
+    threads = start_publishers(swarm, args, ledger, stop)
     start = time.monotonic()
     try:
         t = swarm.add([swarm.nodes[0].addrs[0]])
