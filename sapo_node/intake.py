@@ -33,6 +33,7 @@ shows them must escape.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections import deque
@@ -63,15 +64,23 @@ POOL_UNAVAILABLE = "pool_unavailable"
 RECENT_REFUSALS = 50
 MAX_DETAIL_CHARS = 300
 DISTRUSTED = "distrusted"  # the poisoning defences ignore this peer for now (defence.py)
+# Groups from this many peers dated beyond the skew allowed ahead, within CLOCK_WINDOW_S,
+# say that this node's own clock is behind: it warns (at most once a window).
+CLOCK_BEHIND_PEERS = 2
+CLOCK_WINDOW_S = 600.0
 
 # Dropped without blame. A duplicate or a too old group has honest causes: a node that
 # resumes from its checkpoint redoes its last rounds and publishes the same groups again,
 # a relay or this node's own inbox (drained once a round) delivers late; both are found
 # by cheap checks before any regeneration or scoring, and the rate limit bounds them.
-# Blaming them got resumed nodes banned by every peer (docs/soak.md).
+# Blaming them got resumed nodes banned by every peer (docs/soak.md). A group from the
+# future says that one of two clocks is wrong, and the receiver cannot tell whose: when
+# its own is behind, every honest peer's groups look ahead, and blaming them got the
+# skewed node to ban every honest peer it met (docs/soak.md, beyond the tolerance).
 IGNORED = wire.IGNORED | {
     "duplicate",
     TOO_OLD,
+    FROM_THE_FUTURE,
     UNKNOWN_FAMILY,
     UNKNOWN_CONFIG,
     GENERATOR_MISMATCH,
@@ -125,6 +134,8 @@ class Intake:
         self.max_clock_skew_s = max_clock_skew_s
         # (time, author, outcome, reason, detail) of the last refusals, newest last.
         self.recent: deque[tuple[float, str, str, str, str]] = deque(maxlen=RECENT_REFUSALS)
+        self._ahead: dict[str, float] = {}  # author -> when its last group came from the future
+        self._clock_warned = -math.inf
 
     def receive(self, data: bytes, author: str) -> Verdict:
         """Check one message from ``author`` and pool it if it passes."""
@@ -138,6 +149,7 @@ class Intake:
         now = self.pool.clock()  # one clock for ages here and in the pool
         created = msg.created_ms / 1000.0
         if created > now + self.max_clock_skew_s:
+            self._check_own_clock(author, now, created - now)
             return self._refuse(author, FROM_THE_FUTURE, f"created {created - now:.0f} s ahead")
         if created < now - self.pool.max_age_s:
             return self._refuse(author, TOO_OLD, f"created {now - created:.0f} s ago")
@@ -162,6 +174,23 @@ class Intake:
             log.error("cannot store a pooled group", error=str(exc))
             return Verdict("ignored", POOL_UNAVAILABLE, str(exc))
         return Verdict("accepted", item=item)
+
+    def _check_own_clock(self, author: str, now: float, ahead_s: float) -> None:
+        """Warn when groups from several peers come from the future: one peer ahead is that
+        peer's clock, several are more likely this node's own, which then takes none of
+        their groups until it is set right."""
+        self._ahead = {a: t for a, t in self._ahead.items() if t > now - CLOCK_WINDOW_S}
+        self._ahead[author] = now
+        if len(self._ahead) >= CLOCK_BEHIND_PEERS and now - self._clock_warned >= CLOCK_WINDOW_S:
+            self._clock_warned = now
+            log.warning(
+                "this node's clock looks behind: groups from several peers are dated ahead "
+                "of it beyond the tolerance, and none of them is taken; set the clock "
+                "(NTP: timedatectl set-ntp true)",
+                peers=len(self._ahead),
+                ahead_s=round(ahead_s),
+                tolerance_s=self.max_clock_skew_s,
+            )
 
     def _task(self, msg: wire.RolloutGroup) -> Task:
         """The task of a message, made by this node; _Refused if it is not one we can trust."""

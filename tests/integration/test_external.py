@@ -319,7 +319,7 @@ def _created(group: wire.RolloutGroup, skew_s: float) -> wire.RolloutGroup:
     [
         (120.0, "accepted"),  # 2 minutes ahead: within max_clock_skew_s (300 s)
         (-120.0, "accepted"),  # 2 minutes behind: 120 s old, within max_age_s (300 s)
-        (300.0 + 60.0, "from_the_future"),  # beyond the skew allowed ahead: a reject
+        (300.0 + 60.0, "from_the_future"),  # beyond the skew allowed ahead: ignored
         (-(300.0 + 60.0), "too_old"),  # older than the pool keeps groups: ignored
     ],
 )
@@ -328,12 +328,31 @@ def test_a_peer_clock_ahead_or_behind_is_accepted_within_the_spec_tolerance(
 ) -> None:
     """protocol/SPEC.md §5 step 7: a receiver takes a group created up to
     ``pool.max_clock_skew_s`` (300 s) ahead of its own clock and up to ``pool.max_age_s``
-    (300 s) behind it; beyond, ``from_the_future`` (rejected) or ``too_old`` (ignored)."""
+    (300 s) behind it; beyond, ``from_the_future`` or ``too_old``, both ignored (whose clock is wrong, the
+    receiver cannot tell)."""
     assert receiver.intake.max_clock_skew_s == 300.0 and receiver.pool.max_age_s == 300.0
     verdict = receiver.receive(wire.encode(_created(_shared(30, ("777", "x")), skew_s)), "p")
     assert verdict.reason == reason
-    outcome = {"accepted": "accepted", "from_the_future": "rejected", "too_old": "ignored"}
+    outcome = {"accepted": "accepted", "from_the_future": "ignored", "too_old": "ignored"}
     assert verdict.outcome == outcome[reason]
+
+
+def test_a_receiver_whose_clock_is_behind_says_so_and_blames_nobody(receiver: Node) -> None:
+    """Groups from one peer beyond the skew are that peer's clock; from several, this
+    node's own is likely behind: it warns once, and no honest peer is blamed for it."""
+    import structlog
+
+    ahead = _created(_shared(32, ("777", "x")), 400.0)
+    with structlog.testing.capture_logs() as logs:
+        verdicts = [receiver.receive(wire.encode(ahead), "peer-a") for _ in range(2)]
+        warned_after_one = [e for e in logs if "clock looks behind" in e["event"]]
+        for peer in ("peer-b", "peer-c"):
+            verdicts.append(receiver.receive(wire.encode(ahead), peer))
+    assert {(v.outcome, v.reason) for v in verdicts} == {("ignored", "from_the_future")}
+    assert not warned_after_one
+    warnings = [e for e in logs if "clock looks behind" in e["event"]]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
+    assert warnings[0]["peers"] == 2
 
 
 def test_every_peer_group_is_accounted_for_by_outcome(receiver: Node) -> None:

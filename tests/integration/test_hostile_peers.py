@@ -127,7 +127,7 @@ TABLE: list[tuple[str, Callable[[], bytes], str, str]] = [
     (
         "from the future",
         lambda: wire.encode(group(created_ms=int((time.time() + 86400) * 1000))),
-        "rejected",
+        "ignored",  # this node's own clock may be the one behind
         "from_the_future",
     ),
     (
