@@ -328,8 +328,8 @@ def test_a_peer_clock_ahead_or_behind_is_accepted_within_the_spec_tolerance(
 ) -> None:
     """protocol/SPEC.md §5 step 7: a receiver takes a group created up to
     ``pool.max_clock_skew_s`` (300 s) ahead of its own clock and up to ``pool.max_age_s``
-    (300 s) behind it; beyond, ``from_the_future`` or ``too_old``, both ignored (whose clock is wrong, the
-    receiver cannot tell)."""
+    (300 s) behind it; beyond, ``from_the_future`` or ``too_old``, both ignored (whose
+    clock is wrong, the receiver cannot tell)."""
     assert receiver.intake.max_clock_skew_s == 300.0 and receiver.pool.max_age_s == 300.0
     verdict = receiver.receive(wire.encode(_created(_shared(30, ("777", "x")), skew_s)), "p")
     assert verdict.reason == reason
