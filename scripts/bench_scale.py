@@ -414,6 +414,7 @@ def report_point(p: dict[str, Any], args: argparse.Namespace) -> None:
     copies = statistics.mean(heard) if heard else 0.0  # nobody heard anyone: 0
     deliv_m, deliv_min, _ = summary(p, "delivery")
     meshes = [min(x["mesh"]) for x in p["per_node"]]
+    conn_m, conn_min, conn_max = summary(p, "connected")
     print(
         f"{p['arm']} N={p['nodes']:3d}, S={p['shards']}: network CPU {cpu_m:.4f} cores/node "
         f"(max {cpu_max:.4f}, idle "
@@ -422,7 +423,8 @@ def report_point(p: dict[str, Any], args: argparse.Namespace) -> None:
         f"groups {g_m:.3f}/s/node (min {g_min:.3f}; {g_min * args.round_s:.1f} a round, J="
         f"{args.external}); delivery {deliv_m:.3f} (min {deliv_min:.3f}); "
         f"copies {copies:.2f}; swarm {p['swarm_groups_s']:.2f} groups/s; "
-        f"mesh min {min(meshes)}; machine {100 * p['machine_busy']:.0f}% busy; "
+        f"mesh min {min(meshes)}; connected {conn_m:.1f} ({conn_min:.0f}-{conn_max:.0f}); "
+        f"machine {100 * p['machine_busy']:.0f}% busy; "
         f"bench {p['bench_cpu']:.2f} cores; settled {p['settle_s']:.1f} s; "
         f"duplicates {p['duplicates']}; bans {p['banned']}; age on arrival p50 "
         f"{p['age_p50_ms'] or 0:.0f} ms, p95 {p['age_p95_ms'] or 0:.0f} ms",

@@ -108,3 +108,46 @@ def test_identity_prints_a_nodes_shards_in_a_sharded_swarm(tmp_path: Path, capsy
     peer = identity.peer_id(identity.load_or_create(tmp_path))
     joined = ", ".join(map(str, identity.shards(peer, 64, 3)))
     assert f"shards: {joined} of 64" in capsys.readouterr().out
+
+
+def test_a_node_dials_its_shards_members_and_few_of_other_shards() -> None:
+    """docs/scale.md: connections to peers of other shards carry none of a node's groups,
+    so it dials its shards' members first and others only up to FOREIGN_PEERS."""
+    import random
+
+    from sapo_node.net.host import FOREIGN_PEERS, shard_dials
+
+    mates = {f"m{i}": {i % 2} for i in range(10)}  # this node joins shards 0 and 1
+    strangers = [f"s{i}" for i in range(20)]
+    shared = lambda p: mates.get(p, set())  # noqa: E731
+    fresh = strangers[:10] + list(mates) + strangers[10:]
+    chosen = shard_dials(fresh, set(), 32, shared=shared, degree=6, rng=random.Random(1))
+    assert set(chosen) - set(strangers) == set(mates)
+    assert len(set(chosen) & set(strangers)) == FOREIGN_PEERS
+    # with that many strangers connected already, none more; room still goes to mates
+    chosen = shard_dials(
+        fresh, set(strangers[:FOREIGN_PEERS]), 32, shared=shared, degree=6, rng=random.Random(1)
+    )
+    assert set(chosen) == set(mates)
+    # the strangers are drawn at random, so that not every node picks the same ones
+    picks = {
+        frozenset(shard_dials(strangers, set(), 32, shared=shared, degree=6, rng=random.Random(s)))
+        for s in range(20)
+    }
+    assert len(picks) > 10
+    # beyond room, only members of a shard with fewer than the mesh degree connected
+    connected = {f"c{i}" for i in range(6)}  # six of shard 0
+    shared_c = lambda p: {0} if p.startswith("c") else shared(p)  # noqa: E731
+    chosen = shard_dials(list(mates), connected, 0, shared=shared_c, degree=6)
+    assert chosen and all(mates[p] == {1} for p in chosen) and len(chosen) == 5
+
+
+def test_a_node_closes_connections_to_other_shards_beyond_a_bound() -> None:
+    from sapo_node.net.host import FOREIGN_PEERS, foreign_beyond
+
+    limit = 2 * FOREIGN_PEERS
+    connected = {"mate", "boot", "relay"} | {f"f{i}" for i in range(limit + 3)}
+    close = foreign_beyond(connected, shares=lambda p: p == "mate", keep={"boot", "relay"})
+    assert "mate" not in close and not {"boot", "relay"} & set(close)
+    assert len(connected - set(close)) == 1 + limit  # the mate and `limit` of the others
+    assert foreign_beyond({"f0", "f1"}, shares=lambda p: False, keep=set()) == []
