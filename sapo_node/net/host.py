@@ -42,14 +42,13 @@ import hashlib
 import logging
 import math
 import os
-import random
 import signal
 import sys
 import threading
 import time
 import weakref
-from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -112,10 +111,6 @@ CIRCUIT_S = 3600  # a relayed connection lasts at most this long (then it is dia
 SEEN_TTL_S = 120
 STALE_S = 15.0  # a connection without a pubsub stream this long is dropped and redialled
 PROVIDE_EVERY_S = 60.0
-# In a sharded swarm, connections to peers that share no shard with this node carry none
-# of its groups, yet cost it CPU like any peer (docs/scale.md): it dials at most this many
-# of them (paths for the DHT across shards), and closes those beyond twice as many.
-FOREIGN_PEERS = 2
 
 # Trap 1 / 4 / 5 need the module's own names to count bytes and size queues.
 _read_frame = pubsub_module.read_varint_prefixed_bytes_limited
@@ -693,7 +688,6 @@ class Network:
         # transport directly. Its roles are STOP only: with CLIENT, each dial would also
         # reserve a slot on the relay.
         serve = self.reachability == "public" and settings.get("relay_reservations", 0) > 0
-        self.serves_relay = serve
         limits = RelayLimits(
             duration=CIRCUIT_S,
             data=int(settings.get("relay_circuit_mb", 128)) * 2**20,
@@ -1071,7 +1065,6 @@ class Network:
             boot = {i.peer_id for i in self.bootstrap} - connected - {self.me}
             await self._dial_all(list(boot), force=True)
             await self._drop_stale(connected)
-            await self._trim_foreign(connected, boot={i.peer_id for i in self.bootstrap})
             # With nobody connected there is nobody to ask (the DHT would spend its whole
             # bound dialling the peerstore, which the dial loop below does anyway).
             if self.dht is not None and self.host.get_connected_peers():
@@ -1181,18 +1174,6 @@ class Network:
                 log.info("relay reserved", relay=peer.pretty(), addrs=self.relays[peer])
         RELAYED[:] = [a for addrs in self.relays.values() for a in addrs]
 
-    async def _trim_foreign(self, connected: set[ID], *, boot: set[ID]) -> None:
-        """In a sharded swarm, close connections to peers of other shards beyond
-        (foreign_beyond). Not on a node that serves relaying: private nodes of any shard
-        hold reservations on it."""
-        if self.shard_count <= 1 or self.serves_relay:
-            return
-        shares = lambda p: bool(self.my_shards.intersection(self.shards_of(p)))  # noqa: E731
-        for peer in foreign_beyond(connected, shares=shares, keep=boot | set(self.relays)):
-            log.debug("closing a connection to a peer of other shards", peer=peer.pretty())
-            with trio.move_on_after(DIAL_TIMEOUT_S), contextlib.suppress(Exception):
-                await self.host.disconnect(peer)
-
     async def _drop_stale(self, connected: set[ID]) -> None:
         """A connection whose pubsub stream never came up (a handshake lost under load)
         carries nothing: drop it, so that the next pass dials afresh."""
@@ -1231,15 +1212,29 @@ class Network:
         await self._dial_all(self._shard_first(fresh, connected, room))
 
     def _shard_first(self, fresh: list[ID], connected: set[ID], room: int) -> list[ID]:
+        """Of ``fresh`` peers, those to dial: ``room`` of them, peers that share a shard
+        with this node first; and beyond ``room``, members of a joined shard that has
+        fewer than the mesh degree connected (up to that many), so that a node whose
+        connections are full of other shards' peers still meshes on each of its own."""
         if self.shard_count <= 1:
             return fresh[: max(room, 0)]
-        return shard_dials(
-            fresh,
-            connected,
-            room,
-            shared=lambda p: self.my_shards.intersection(self.shards_of(p)),
-            degree=int(self.s["mesh_degree"]),
-        )
+        degree = int(self.s["mesh_degree"])
+        members = {i: 0 for i in self.my_shards}
+        for peer in connected:
+            for i in self.my_shards.intersection(self.shards_of(peer)):
+                members[i] += 1
+        mine = [p for p in fresh if self.my_shards.intersection(self.shards_of(p))]
+        taken = set(mine)
+        ordered = mine + [p for p in fresh if p not in taken]
+        chosen = ordered[: max(room, 0)]
+        for peer in mine[max(room, 0) :]:
+            short = [i for i in self.my_shards.intersection(self.shards_of(peer))
+                     if members[i] < degree]  # fmt: skip
+            if short:
+                chosen.append(peer)
+                for i in short:
+                    members[i] += 1
+        return chosen
 
     async def _dial_all(self, peers: list[ID], *, force: bool = False) -> None:
         """Dial ``peers``, DIAL_CONCURRENCY at once, for at most DIAL_PASS_S in all:
@@ -1297,51 +1292,6 @@ class Network:
                     log.debug("relayed dial failed", peer=peer.pretty(), error=str(exc)[:200])
         self.backoff[peer] = (now + delay, min(delay * 2, 300.0))
         return False
-
-
-def shard_dials(
-    fresh: list[Any],
-    connected: set[Any],
-    room: int,
-    *,
-    shared: Callable[[Any], set[int]],
-    degree: int,
-    rng: random.Random | None = None,
-) -> list[Any]:
-    """Of ``fresh`` peers, those a node of a sharded swarm dials: ``room`` of them, the
-    peers that share a shard with it (``shared(peer)``: the shards in common) first, and of
-    the others only enough to have FOREIGN_PEERS connected, drawn at random (were every
-    node to pick the same ones, those would close connections that their dialers made
-    again at each pass); and beyond ``room``, members of a joined shard with fewer than
-    ``degree`` (the mesh degree) connected, up to that many, so that a node whose
-    connections are full still meshes on each of its shards.
-    """
-    members: Counter[int] = Counter()
-    for peer in connected:
-        members.update(shared(peer))
-    mine = [p for p in fresh if shared(p)]
-    taken = set(mine)
-    foreign = sum(1 for p in connected if not shared(p))
-    others = [p for p in fresh if p not in taken]
-    others = (rng or random).sample(others, min(len(others), max(FOREIGN_PEERS - foreign, 0)))
-    chosen = (mine + others)[: max(room, 0)]
-    for peer in mine[max(room, 0) :]:
-        short = [i for i in shared(peer) if members[i] < degree]
-        if short:
-            chosen.append(peer)
-            members.update(short)
-    return chosen
-
-
-def foreign_beyond(
-    connected: set[Any], *, shares: Callable[[Any], bool], keep: set[Any]
-) -> list[Any]:
-    """The connected peers of other shards (``shares(peer)`` false) to close: those beyond
-    2 * FOREIGN_PEERS (peers dial a node as well as it dials them), never one of ``keep``
-    (bootstrap peers, dialled again each pass; this node's relays), which count first.
-    """
-    foreign = sorted((p for p in connected if not shares(p)), key=lambda p: (p not in keep, str(p)))
-    return [p for p in foreign[2 * FOREIGN_PEERS :] if p not in keep]
 
 
 @functools.lru_cache(maxsize=MAX_BACKOFF)
