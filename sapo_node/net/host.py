@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -111,6 +111,10 @@ CIRCUIT_S = 3600  # a relayed connection lasts at most this long (then it is dia
 SEEN_TTL_S = 120
 STALE_S = 15.0  # a connection without a pubsub stream this long is dropped and redialled
 PROVIDE_EVERY_S = 60.0
+# A node with at least the mesh degree of its topics' members connected looks their
+# providers up this often, not every pass: each lookup costs every peer it asks, and at
+# 24 nodes the DHT was a quarter of a member's network CPU (docs/scale.md).
+LOOKUP_EVERY_S = 60.0
 
 # Trap 1 / 4 / 5 need the module's own names to count bytes and size queues.
 _read_frame = pubsub_module.read_varint_prefixed_bytes_limited
@@ -1054,6 +1058,7 @@ class Network:
         # joined shard's: a node finds its shards' members among their providers.
         keys = [dht_key(t) for t in self.topics if t != self.topic] + [dht_key(self.topic)]
         last_provide, provided_to = -PROVIDE_EVERY_S, set()
+        last_lookup = -LOOKUP_EVERY_S
         self.alone_since = trio.current_time()
         while True:
             began = trio.current_time()
@@ -1084,17 +1089,32 @@ class Network:
                             with contextlib.suppress(Exception):
                                 if await self.dht.provide(key):
                                     last_provide, provided_to = trio.current_time(), connected
-                    for key in keys:
-                        with contextlib.suppress(Exception):
-                            for info in await self.dht.find_providers(key, 50):
-                                if info.peer_id != self.me and info.addrs:
-                                    store = self.host.get_peerstore()
-                                    store.add_addrs(info.peer_id, info.addrs, 3600)
+                    due = trio.current_time() - last_lookup >= LOOKUP_EVERY_S
+                    if due or self._short_of_members(connected):
+                        last_lookup = trio.current_time()
+                        await self._look_up(keys)
             if self.reachability == "private":
                 await self._reserve()
             await self._dial_known(skip=boot)
             self.pass_s = trio.current_time() - began
             await trio.sleep(self.s["redial_s"])
+
+    async def _look_up(self, keys: list[str]) -> None:
+        """Put the providers of ``keys`` (the swarm's and its shards' members) in the
+        peerstore, for the dial loop."""
+        for key in keys:
+            with contextlib.suppress(Exception):
+                for info in await self.dht.find_providers(key, 50):
+                    if info.peer_id != self.me and info.addrs:
+                        self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+
+    def _short_of_members(self, connected: set[ID]) -> bool:
+        """Whether one of this node's topics has fewer than the mesh degree of its members
+        connected (in a swarm of one topic, every peer is one)."""
+        members: Counter[int] = Counter()
+        for peer in connected:
+            members.update(self.my_shards.intersection(self.shards_of(peer)))
+        return any(members[i] < int(self.s["mesh_degree"]) for i in self.my_shards)
 
     async def _resolve_bootstrap(self) -> None:
         """Bootstrap addresses as dialable peers: /dnsaddr/ and /dns*/ names looked up
