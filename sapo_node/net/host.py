@@ -70,6 +70,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.resources import RelayLimits
@@ -105,6 +106,7 @@ RESOLVE_EVERY_S = 600.0  # bootstrap names (/dnsaddr/, /dns4/) are looked up aga
 ALONE_NOTICE_S = 60.0  # a node still without a peer this long after start says so, once
 RELAYS = 2  # relays a private node keeps a reservation on
 CIRCUIT_S = 3600  # a relayed connection lasts at most this long (then it is dialled again)
+RELAY_GRACE_S = 10.0  # a relayed connection closes this long after a punch replaced it
 # Message ids of valid messages are remembered this long (refreshed on each sighting):
 # memory is bounded by the authors' rate limit times this. Content duplicates are the
 # pool's job, for its max_age_s.
@@ -364,6 +366,38 @@ class SwarmPubsub(Pubsub):
             and self._peer_is_connected(peer)
         ]
 
+    async def hand_over(self, peer: ID) -> bool:
+        """trap 20: move this node's pubsub stream to ``peer`` onto the connection the
+        swarm now prefers (a direct one over a relayed one), keeping the peer's place in
+        the mesh and what its queue holds; the old stream is closed once its writer is
+        done, which the peer reads as an end of that stream only. True if moved."""
+        old = self.peers.get(peer)
+        if old is None:
+            return False
+        stream = await self.host.new_stream(peer, self.protocols)
+        if stream.muxed_conn is old.muxed_conn or self.peers.get(peer) is not old:
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            return False
+        # The peer takes the hello's subscriptions again as a no-op.
+        hello = self.get_hello_packet().SerializeToString()
+        await stream.write(pubsub_module.encode_varint_prefixed(hello))
+        if self.peers.get(peer) is not old:  # gone or banned meanwhile
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            return False
+        queue = pubsub_module.RpcQueue()
+        previous = self.peer_queues.get(peer)
+        if previous is not None:  # what it holds goes on the new stream, in order
+            queue._queue, previous._queue = previous._queue, queue._queue
+            previous.close()  # its sending task ends after the write in hand, if any
+        self.peers[peer], self.peer_queues[peer] = stream, queue
+        self.manager.run_task(self.handle_sending_messages, peer, stream, queue)
+        async with self._write_locks.setdefault(old, trio.Lock()):
+            with contextlib.suppress(Exception):
+                await old.close()
+        return True
+
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         """trap 2: one writer at a time per stream (queue and replay interleaved frames)."""
         lock = self._write_locks.setdefault(stream, trio.Lock())
@@ -537,6 +571,76 @@ class SwarmDHT(KadDHT):
         return any(reach.ip_of(a) is not None and not reach.is_lan_addr(a) for a in addrs)
 
 
+# trap 20 (DCUtR hole punching): py-libp2p's DCUtR punches through NATs that keep ports
+# (measured: 1.3-1.5 s through two home routers that drop unsolicited packets; never
+# through a symmetric one), then closes the relayed connection RELAY_CLOSE_GRACE_PERIOD
+# (60 s) later. Nothing moves the pubsub streams, which stay on the relayed connection:
+# when it closed, the library's reader took the end of the peer's stream quietly, its
+# dead-peer handler skipped a peer still connected (directly), and GossipSub between the
+# two stopped. Here each node moves its own pubsub stream to a direct connection as soon
+# as one is open (Network._prefer_direct, SwarmPubsub.hand_over), also when one is left
+# after another closed, and the relayed one closes RELAY_GRACE_S after the punch.
+
+
+def is_relayed(conn: Any) -> bool:
+    """A connection through a circuit relay: its transport address is a /p2p-circuit one."""
+    with contextlib.suppress(Exception):
+        return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses() or ())
+    return False
+
+
+class SwarmDCUtR(DCUtRProtocol):
+    """The library's DCUtR, with a shorter wait before the relayed connection closes
+    (pubsub moves within a second), and without LAN addresses in what it tells a peer
+    when it has no outside address to predict (trap 16: the peer is not on its LAN)."""
+
+    def __init__(self, host: Any) -> None:
+        super().__init__(host)
+        self.punched = self.failed = 0  # punches (either side's part) that worked, not
+        self.punching: set[ID] = set()
+
+    async def initiate_hole_punch(self, peer_id: ID) -> bool:
+        """The library's auto-drive loop punches one peer after another, and a punch that
+        cannot work (a symmetric NAT: a 10 s direct dial, then 3 rounds, ~20 s) held up
+        the peers behind it by half a minute: here each peer's runs in a task of its own."""
+        if self._nursery is None or peer_id in self.punching:
+            return False
+        self.punching.add(peer_id)
+        self._nursery.start_soon(self._punch, peer_id)
+        return False
+
+    async def _punch(self, peer_id: ID) -> None:
+        try:
+            await super().initiate_hole_punch(peer_id)
+        finally:
+            self.punching.discard(peer_id)
+
+    async def _perform_hole_punch(self, peer_id: ID, *args: Any, **kwargs: Any) -> bool:
+        ok = await super()._perform_hole_punch(peer_id, *args, **kwargs)
+        if not ok:
+            self.failed += 1
+            log.info("hole punch failed; the connection stays relayed", peer=peer_id.pretty())
+        return ok
+
+    def _schedule_relay_close(self, peer_id: ID) -> None:
+        self.punched += 1
+        log.info(
+            "hole punched: a direct connection replaces the relayed one", peer=peer_id.pretty()
+        )
+        super()._schedule_relay_close(peer_id)
+
+    async def _close_relayed_conns_after_grace(
+        self, peer_id: ID, grace: float = RELAY_GRACE_S
+    ) -> None:
+        await super()._close_relayed_conns_after_grace(peer_id, min(grace, RELAY_GRACE_S))
+
+    async def _get_observed_addrs(self) -> list[bytes]:
+        addrs = await super()._get_observed_addrs()
+        if REACHABILITY[0] != "private":
+            return addrs
+        return [a for a in addrs if not reach.is_lan_addr(str(multiaddr.Multiaddr(a)))]
+
+
 def score_params() -> ScoreParams:
     """Invalid messages cost 10 each (decaying by half in about 11 minutes); at -30 a
     peer's messages are no longer accepted from it, at -50 it is graylisted and banned.
@@ -698,6 +802,10 @@ class Network:
         self.circuits = CircuitV2Transport(
             self.host, self.circuit, RelayConfig(roles=RelayRole.STOP)
         )
+        # trap 20: every node answers DCUtR; one with a relayed connection (a private
+        # node's, to another) tries to replace it by a direct one through both NATs.
+        self.dcutr = SwarmDCUtR(self.host)
+        self.handing_over: set[ID] = set()  # peers whose pubsub stream is being moved
         self.relays: dict[ID, list[str]] = {}  # relay -> this node's addresses through it
         self.nursery: trio.Nursery | None = None  # for the reservations' refresh
         self.bootstrap: list[PeerInfo] = []
@@ -820,6 +928,7 @@ class Network:
                 if self.dht is not None:
                     await stack.enter_async_context(background_trio_service(self.dht))
                 await stack.enter_async_context(background_trio_service(self.circuit))
+                await stack.enter_async_context(background_trio_service(self.dcutr))
                 await self.out.send(
                     [
                         "ready",
@@ -922,6 +1031,7 @@ class Network:
         while True:
             for peer in list(self.pubsub.peers):
                 self._remember_penalties(peer)
+            self._prefer_direct()
             for peer in self._ban_low_scores():
                 # The library resets only the pubsub stream it opened: close the whole
                 # connection, so the peer's own stream to us goes too.
@@ -978,15 +1088,56 @@ class Network:
             return self.dht.lan_addrs_held()
         return 0
 
-    def _connection_kinds(self) -> dict[str, int]:
-        """Connections to peers, direct or through a relay (a /p2p-circuit address)."""
-        kinds = {"direct": 0, "relayed": 0}
-        for conns in list(self.host.get_network().connections.values()):
-            for conn in conns if isinstance(conns, list) else [conns]:
-                with contextlib.suppress(Exception):
-                    addrs = [str(a) for a in conn.get_transport_addresses() or ()]
-                    kinds["relayed" if any("/p2p-circuit" in a for a in addrs) else "direct"] += 1
-        return {"connections_direct": kinds["direct"], "connections_relayed": kinds["relayed"]}
+    def _conns(self, peer: ID) -> list[Any]:
+        conns = self.host.get_network().connections.get(peer) or []
+        return conns if isinstance(conns, list) else [conns]
+
+    def _connection_kinds(self) -> dict[str, Any]:
+        """Connections to peers, direct or through a relay (a /p2p-circuit address), in
+        all and per peer ([direct, relayed])."""
+        links = {}
+        for peer in list(self.host.get_network().connections):
+            relayed = sum(map(is_relayed, self._conns(peer)))
+            links[peer.pretty()] = [len(self._conns(peer)) - relayed, relayed]
+        return {
+            "connections_direct": sum(d for d, _ in links.values()),
+            "connections_relayed": sum(r for _, r in links.values()),
+            "links": links,
+            "hole_punches": self.dcutr.punched,
+            "hole_punches_failed": self.dcutr.failed,
+        }
+
+    def _prefer_direct(self) -> None:
+        """trap 20: a pubsub stream on a relayed connection moves to a direct one when
+        there is one (after a hole punch), and one on a closed connection to another
+        that is left (the library keeps a peer with a dead stream when one connection of
+        two closes)."""
+        if self.nursery is None:
+            return
+        for peer, stream in list(self.pubsub.peers.items()):
+            if peer in self.handing_over:
+                continue
+            conns = [c for c in self._conns(peer) if not c.is_closed]
+            on = next((c for c in conns if c.muxed_conn is stream.muxed_conn), None)
+            dead = on is None and bool(conns)
+            if dead or (on is not None and is_relayed(on) and not all(map(is_relayed, conns))):
+                self.handing_over.add(peer)
+                self.nursery.start_soon(self._hand_over, peer)
+
+    async def _hand_over(self, peer: ID) -> None:
+        try:
+            with trio.move_on_after(DIAL_TIMEOUT_S):
+                if await self.pubsub.hand_over(peer):
+                    stream = self.pubsub.peers[peer]
+                    on = [c for c in self._conns(peer) if c.muxed_conn is stream.muxed_conn]
+                    kind = "relayed" if any(map(is_relayed, on)) else "direct"
+                    log.info(
+                        "pubsub stream moved to another connection", peer=peer.pretty(), kind=kind
+                    )
+        except Exception as exc:
+            log.debug("pubsub hand-over failed", peer=peer.pretty(), error=str(exc)[:200])
+        finally:
+            self.handing_over.discard(peer)
 
     def _penalties_news(self) -> dict[str, Any]:
         """The remembered penalties, when they changed since the last report."""

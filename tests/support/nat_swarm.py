@@ -11,15 +11,24 @@ inside a user and network namespace of its own, which plays the internet ("wan",
       |            h3 10.1.0.3:4142, the router forwarding 198.18.1.2:4142 to it,
       |               started with --announce /ip4/198.18.1.2/tcp/4142
       |-- r2 (198.18.2.2) nftables masquerade fully-random (a symmetric NAT)
-            home2: h2 10.2.0.2 (listening on 0.0.0.0)
+      |     home2: h2 10.2.0.2 (listening on 0.0.0.0)
+      |-- r3 (198.18.3.2) nftables masquerade, ports kept (another home router)
+            home3: h4 10.3.0.2 (listening on 0.0.0.0)
+
+Each router drops what comes from the wan unasked, as home routers do (one that
+answered a hole punch's early SYN with a reset would spoil the punch).
 
 Each member is a real network process (``Libp2pTransport``, the node's own) started in
 its namespace. It checks, in order: every member's reachability; the two home nodes
-exchange messages (through the public nodes: nothing else connects them); the public
-nodes' DHTs hold no LAN address, and their routing tables only the public members; a
-peer on the wan dials h3 through its forwarded port; with pub1 gone, h1 and h2 still
-exchange through pub2. It prints one JSON line (each check, timings, ``error``) and
-exits 0 if every check passed, 1 if not, 3 if not in a fresh namespace.
+h1 and h2 exchange messages (through the public nodes: nothing else connects them);
+they reach each other through a relay; h1 and h4 (both behind NATs that keep ports)
+punch a hole (DCUtR) and end with a direct connection only, while h2 (symmetric NAT)
+stays relayed to both; the public nodes' DHTs hold no LAN address, and their routing
+tables only the public members; a peer on the wan dials h3 through its forwarded port;
+with pub1 gone, h1 and h2 still exchange through pub2; with pub2 gone too, h1 and h4
+exchange over their direct connection alone. It prints one JSON line (each check,
+timings, ``error``) and exits 0 if every check passed, 1 if not, 3 if not in a fresh
+namespace.
 """
 
 from __future__ import annotations
@@ -107,7 +116,8 @@ class Netns:
 
 def nat(ports_kept: bool, forward: tuple[int, str] | None) -> str:
     """The router's nftables ruleset: masquerade out of ``wan0``; ``fully-random`` makes
-    it a symmetric NAT; ``forward`` = (port, LAN ip) forwards that TCP port."""
+    it a symmetric NAT; ``forward`` = (port, LAN ip) forwards that TCP port. New
+    connections from the wan to the router itself are dropped, not reset."""
     masquerade = "masquerade" if ports_kept else "masquerade fully-random"
     pre = ""
     if forward is not None:
@@ -122,6 +132,12 @@ table ip nat {{
   chain post {{
     type nat hook postrouting priority 100;
     oifname "wan0" {masquerade}
+  }}
+}}
+table ip filter {{
+  chain in {{
+    type filter hook input priority 0;
+    iifname "wan0" ct state new drop
   }}
 }}
 """
@@ -149,6 +165,8 @@ def build(ns: Netns) -> None:
         ns.run(None, "ip", "addr", "add", ip, "dev", "lo")
     add_home(ns, 1, nat(True, (4142, "10.1.0.3")))
     add_home(ns, 2, nat(False, None))
+    if "r3" in ns.fds:
+        add_home(ns, 3, nat(True, None))
     ns.run("home1", "ip", "addr", "add", "10.1.0.3/24", "dev", "eth0")
     ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
@@ -156,7 +174,7 @@ def build(ns: Netns) -> None:
 def run(deliver_s: float) -> dict[str, object]:
     result: dict[str, object] = {"ok": False, "checks": {}}
     checks: dict[str, object] = result["checks"]  # type: ignore[assignment]
-    ns = Netns(["r1", "home1", "r2", "home2"])
+    ns = Netns(["r1", "home1", "r2", "home2", "r3", "home3"])
     build(ns)
     vectors = sorted(VALID.glob("*.msgpack"))
     members: dict[str, Libp2pTransport] = {}
@@ -173,6 +191,11 @@ def run(deliver_s: float) -> dict[str, object]:
 
     def stat(name: str, key: str) -> object:
         return members[name].child_stats.get(key)
+
+    def link(a: str, b: str) -> list[int]:
+        """a's connections to b: [direct, relayed]."""
+        links = stat(a, "links") or {}
+        return list(links.get(members[b].peer_id, [0, 0]))  # type: ignore[union-attr]
 
     def exchange(a: str, b: str, k: int) -> bool:
         """a and b each publish a message; True when each has the other's."""
@@ -201,6 +224,8 @@ def run(deliver_s: float) -> dict[str, object]:
             start("h1", "home1", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False, upnp=False)
             h2_started = time.monotonic()
             start("h2", "home2", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False, upnp=False)
+            h4_started = time.monotonic()
+            start("h4", "home3", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False, upnp=False)
             start(
                 "h3",
                 "home1",
@@ -217,6 +242,7 @@ def run(deliver_s: float) -> dict[str, object]:
                 "pub2": "public",
                 "h1": "private",
                 "h2": "private",
+                "h4": "private",
                 "h3": "public",
             }
             if checks["reachability"] != want:
@@ -242,6 +268,31 @@ def run(deliver_s: float) -> dict[str, object]:
                 n: (stat(n, "connections_direct"), stat(n, "connections_relayed"))
                 for n in ("h1", "h2")
             }
+            # DCUtR: h1 and h4 (NATs that keep ports) punch a hole and drop the relayed
+            # connection; h2 (symmetric NAT) stays relayed to both
+            t, times = time.monotonic(), {}
+
+            def upgraded() -> bool:
+                ends = [link("h1", "h4"), link("h4", "h1")]
+                for name, ok in (
+                    ("relayed_s", all(r >= 1 for _, r in ends)),
+                    ("direct_s", all(d >= 1 for d, _ in ends)),
+                    ("direct_only_s", all(e == [1, 0] for e in ends)),
+                ):
+                    if ok and name not in times:
+                        times[name] = round(time.monotonic() - t, 1)
+                symmetric = [link("h2", b) for b in ("h1", "h4")]
+                return "direct_only_s" in times and all(r >= 1 for _, r in symmetric)
+
+            checks["punched"] = wait_for(upgraded, 60)
+            checks.update(times)
+            checks["punched_since_h4_started_s"] = round(time.monotonic() - h4_started, 1)
+            checks["hole_punches"] = {
+                n: [stat(n, "hole_punches"), stat(n, "hole_punches_failed")]
+                for n in ("h1", "h2", "h4")
+            }
+            pairs = (("h1", "h4"), ("h4", "h1"), ("h2", "h1"), ("h2", "h4"))
+            checks["links"] = {f"{a}-{b}": link(a, b) for a, b in pairs}
             # Discovery passes run every second; a few let any LAN address spread.
             wait_for(lambda: (stat("pub1", "routing_table") or 0) >= 2, 30)
             time.sleep(3)
@@ -263,6 +314,21 @@ def run(deliver_s: float) -> dict[str, object]:
             t = time.monotonic()
             checks["exchange_without_pub1"] = exchange("h1", "h2", 2)
             checks["exchange_without_pub1_s"] = round(time.monotonic() - t, 1)
+            # h2 never got a direct connection (its punches fail through the symmetric NAT)
+            checks["symmetric_links"] = {f"h2-{b}": link("h2", b) for b in ("h1", "h4")}
+            checks["symmetric_stays_relayed"] = all(
+                d == 0 for d, _ in checks["symmetric_links"].values()
+            )
+            # with both public nodes gone, only the punched connection joins h1 and h4
+            members.pop("pub2").close()
+            t = time.monotonic()
+            checks["exchange_direct_only"] = exchange("h1", "h4", 4)
+            checks["exchange_direct_only_s"] = round(time.monotonic() - t, 1)
+            checks["links_at_end"] = {f"h1-{b}": link("h1", b) for b in ("h4", "h2")}
+            checks["hole_punches_at_end"] = {
+                n: [stat(n, "hole_punches"), stat(n, "hole_punches_failed")]
+                for n in ("h1", "h2", "h4")
+            }
             failed = [
                 name
                 for name, ok in (
@@ -272,6 +338,9 @@ def run(deliver_s: float) -> dict[str, object]:
                     ("dht_lan_addrs", checks["dht_lan_addrs"] == {"pub1": 0, "pub2": 0}),
                     ("forwarded_port_dialled", checks["forwarded_port_dialled"]),
                     ("exchange_without_pub1", checks["exchange_without_pub1"]),
+                    ("punched", checks["punched"]),
+                    ("symmetric_stays_relayed", checks["symmetric_stays_relayed"]),
+                    ("exchange_direct_only", checks["exchange_direct_only"]),
                 )
                 if not ok
             ]
