@@ -214,6 +214,17 @@ def run(deliver_s: float) -> dict[str, object]:
 
         return wait_for(arrived, deliver_s)
 
+    def one_way(a: str, b: str, k: int) -> bool:
+        """a publishes a message, b not; True when b has it."""
+        sent, got = vectors[k % len(vectors)].read_bytes(), set()
+        members[a].publish(sent)
+
+        def arrived() -> bool:
+            got.update((m.data, m.author) for m in members[b].received())
+            return (sent, members[a].peer_id) in got
+
+        return wait_for(arrived, deliver_s)
+
     with tempfile.TemporaryDirectory(prefix="nat-swarm-") as tmp:
         try:
             t0 = time.monotonic()
@@ -322,7 +333,8 @@ def run(deliver_s: float) -> dict[str, object]:
             # with both public nodes gone, only the punched connection joins h1 and h4
             members.pop("pub2").close()
             t = time.monotonic()
-            checks["exchange_direct_only"] = exchange("h1", "h4", 4)
+            # one way first: a peer that only listens must get it too
+            checks["exchange_direct_only"] = one_way("h1", "h4", 4) and one_way("h4", "h1", 5)
             checks["exchange_direct_only_s"] = round(time.monotonic() - t, 1)
             checks["links_at_end"] = {f"h1-{b}": link("h1", b) for b in ("h4", "h2")}
             checks["hole_punches_at_end"] = {
