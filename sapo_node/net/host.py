@@ -605,6 +605,7 @@ class SwarmDCUtR(DCUtRProtocol):
         super().__init__(host)
         self.punched = self.failed = 0  # punches (either side's part) that worked, not
         self.punching: set[ID] = set()
+        self.punch_s = 0.0  # how long the last punch that worked took to dial through
 
     async def initiate_hole_punch(self, peer_id: ID) -> bool:
         """The library's auto-drive loop punches one peer after another, and a punch that
@@ -623,8 +624,11 @@ class SwarmDCUtR(DCUtRProtocol):
             self.punching.discard(peer_id)
 
     async def _perform_hole_punch(self, peer_id: ID, *args: Any, **kwargs: Any) -> bool:
+        began = time.monotonic()
         ok = await super()._perform_hole_punch(peer_id, *args, **kwargs)
-        if not ok:
+        if ok:
+            self.punch_s = time.monotonic() - began
+        else:
             self.failed += 1
             log.info("hole punch failed; the connection stays relayed", peer=peer_id.pretty())
         return ok
@@ -1112,6 +1116,7 @@ class Network:
             "links": links,
             "hole_punches": self.dcutr.punched,
             "hole_punches_failed": self.dcutr.failed,
+            "hole_punch_s": round(self.dcutr.punch_s, 3),
         }
 
     def _prefer_direct(self) -> None:
@@ -1424,7 +1429,12 @@ class Network:
             self.host.get_network().unblock_peer(peer)
         circuits = [str(a) for a in info.addrs if "/p2p-circuit" in str(a)]
         direct = [a for a in info.addrs if "/p2p-circuit" not in str(a)]
-        with trio.move_on_after(DIAL_TIMEOUT_S):
+        # A private node dials a peer it cannot reach directly through a relay (a public
+        # one is dialled by such peers itself). A direct address of a peer that has
+        # relayed ones is a guess (one a punch learnt, say), and a home router drops a
+        # dial to it unanswered: it gets half the time, so that the relays get theirs.
+        circuits = circuits if self.reachability == "private" else []
+        with trio.move_on_after(DIAL_TIMEOUT_S / 2 if circuits else DIAL_TIMEOUT_S):
             try:
                 if direct:
                     await self.host.connect(PeerInfo(peer, direct))
@@ -1432,9 +1442,8 @@ class Network:
                     return True
             except Exception as exc:
                 log.debug("dial failed", peer=peer.pretty(), error=str(exc)[:200])
-            # A private node dials a peer it cannot reach directly through a relay (a
-            # public one is dialled by such peers itself).
-            for addr in circuits if self.reachability == "private" else ():
+        with trio.move_on_after(DIAL_TIMEOUT_S):
+            for addr in circuits:
                 if f"/p2p/{self.me.pretty()}/" in addr:
                     continue  # a circuit through this node
                 target = (
