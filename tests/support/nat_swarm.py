@@ -19,11 +19,11 @@ Each router drops what comes from the wan unasked, as home routers do (one that
 answered a hole punch's early SYN with a reset would spoil the punch).
 
 Each member is a real network process (``Libp2pTransport``, the node's own) started in
-its namespace. It checks, in order: every member's reachability; the two home nodes
-h1 and h2 exchange messages (through the public nodes: nothing else connects them);
-they reach each other through a relay; h1 and h4 (both behind NATs that keep ports)
-punch a hole (DCUtR) and end with a direct connection only, while h2 (symmetric NAT)
-stays relayed to both; the public nodes' DHTs hold no LAN address, and their routing
+its namespace, h4 last, alone. It checks, in order: every member's reachability; the
+home nodes h1 and h2 exchange messages (through the public nodes: nothing else connects
+them), then h1 and h4; h1 and h2 reach each other through a relay; h1 and h4 (both
+behind NATs that keep ports) punch a hole (DCUtR) and end with a direct connection
+only, while h2 (symmetric NAT) stays relayed to both; the public nodes' DHTs hold no LAN address, and their routing
 tables only the public members; a peer on the wan dials h3 through its forwarded port;
 with pub1 gone, h1 and h2 still exchange through pub2; with pub2 gone too, h1 and h4
 exchange over their direct connection alone. It prints one JSON line (each check,
