@@ -15,20 +15,20 @@ inside a user and network namespace of its own, which plays the internet ("wan",
       |-- r3 (198.18.3.2) nftables masquerade, ports kept (another home router)
             home3: h4 10.3.0.2 (listening on 0.0.0.0)
 
-Each router drops what comes from the wan unasked, as home routers do (one that
-answered a hole punch's early SYN with a reset would spoil the punch).
+Each router drops what comes from the wan unasked, as home routers do: routers that
+answered it with a reset (Linux's default) spoiled every punch, 0 of 2 runs.
 
 Each member is a real network process (``Libp2pTransport``, the node's own) started in
 its namespace, h4 last, alone. It checks, in order: every member's reachability; the
 home nodes h1 and h2 exchange messages (through the public nodes: nothing else connects
 them), then h1 and h4; h1 and h2 reach each other through a relay; h1 and h4 (both
 behind NATs that keep ports) punch a hole (DCUtR) and end with a direct connection
-only, while h2 (symmetric NAT) stays relayed to both; the public nodes' DHTs hold no LAN address, and their routing
-tables only the public members; a peer on the wan dials h3 through its forwarded port;
-with pub1 gone, h1 and h2 still exchange through pub2; with pub2 gone too, h1 and h4
-exchange over their direct connection alone. It prints one JSON line (each check,
-timings, ``error``) and exits 0 if every check passed, 1 if not, 3 if not in a fresh
-namespace.
+only, while h2 (symmetric NAT) stays relayed to both; the public nodes' DHTs hold no
+LAN address, and their routing tables only the public members; a peer on the wan dials
+h3 through its forwarded port; with pub1 gone, h1 and h2 still exchange through pub2;
+with pub2 gone too, h1 and h4 exchange over their direct connection alone. It prints
+one JSON line (each check, timings, ``error``) and exits 0 if every check passed, 1 if
+not, 3 if not in a fresh namespace.
 """
 
 from __future__ import annotations
