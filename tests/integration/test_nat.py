@@ -18,7 +18,7 @@ import pytest
 from tests.support.namespaces import nft_problem, run_unshared
 from tests.support.nat_upnp import IGD_ACTIONS
 
-RUN_S = 150  # ~25 s quiet (five network processes start one after another)
+RUN_S = 150  # ~45 s quiet (six network processes start one after another), 75 s loaded
 
 
 @pytest.mark.timeout(RUN_S + 30)
@@ -34,6 +34,7 @@ def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address
         "pub2": "public",
         "h1": "private",
         "h2": "private",
+        "h4": "private",
         "h3": "public",
     }
     # the public nodes' DHTs: each other and the home node with a forwarded port, only
@@ -44,6 +45,17 @@ def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address
     assert checks["relayed_home_link"]
     assert all(relayed >= 1 for _, relayed in checks["connections"].values())
     assert checks["forwarded_port_dialled"]
+    # DCUtR: h1 and h4 (NATs that keep ports) end with one direct connection and no
+    # relayed one, and still exchange with both public nodes gone; h2 (symmetric NAT)
+    # has no direct connection to either, only relayed ones
+    assert checks["punched"], checks["links"]
+    assert checks["links"]["h1-h4"] == [1, 0] and checks["links"]["h4-h1"] == [1, 0]
+    assert all(h >= 1 for h, _ in (checks["hole_punches"][n] for n in ("h1", "h4")))
+    assert checks["symmetric_stays_relayed"], checks["symmetric_links"]
+    assert all(checks["links"][k][0] == 0 < checks["links"][k][1] for k in ("h2-h1", "h2-h4"))
+    assert all(d == 0 for d, _ in checks["symmetric_links"].values())  # also at the end
+    assert checks["hole_punches_at_end"]["h2"][0] == 0  # none of its punches worked
+    assert checks["exchange_direct_only"]
 
 
 @pytest.mark.timeout(RUN_S + 60)

@@ -11,15 +11,24 @@ inside a user and network namespace of its own, which plays the internet ("wan",
       |            h3 10.1.0.3:4142, the router forwarding 198.18.1.2:4142 to it,
       |               started with --announce /ip4/198.18.1.2/tcp/4142
       |-- r2 (198.18.2.2) nftables masquerade fully-random (a symmetric NAT)
-            home2: h2 10.2.0.2 (listening on 0.0.0.0)
+      |     home2: h2 10.2.0.2 (listening on 0.0.0.0)
+      |-- r3 (198.18.3.2) nftables masquerade, ports kept (another home router)
+            home3: h4 10.3.0.2 (listening on 0.0.0.0)
+
+Each router drops what comes from the wan unasked, as home routers do: routers that
+answered it with a reset (Linux's default) spoiled every punch, 0 of 2 runs.
 
 Each member is a real network process (``Libp2pTransport``, the node's own) started in
-its namespace. It checks, in order: every member's reachability; the two home nodes
-exchange messages (through the public nodes: nothing else connects them); the public
-nodes' DHTs hold no LAN address, and their routing tables only the public members; a
-peer on the wan dials h3 through its forwarded port; with pub1 gone, h1 and h2 still
-exchange through pub2. It prints one JSON line (each check, timings, ``error``) and
-exits 0 if every check passed, 1 if not, 3 if not in a fresh namespace.
+its namespace, h4 last, alone. It checks, in order: every member's reachability; the
+home nodes h1 and h2 exchange messages (through the public nodes: nothing else connects
+them), then h1 and h4; h1 and h2 reach each other through a relay; h1 and h4 (both
+behind NATs that keep ports) punch a hole (DCUtR) and end with a direct connection
+only, while h2 (symmetric NAT) stays relayed to both; the public nodes' DHTs hold no
+LAN address, and their routing tables only the public members; a peer on the wan dials
+h3 through its forwarded port; with pub1 gone, h1 and h2 still exchange through pub2;
+with pub2 gone too, h1 and h4 exchange over their direct connection alone. It prints
+one JSON line (each check, timings, ``error``) and exits 0 if every check passed, 1 if
+not, 3 if not in a fresh namespace.
 """
 
 from __future__ import annotations
@@ -107,7 +116,8 @@ class Netns:
 
 def nat(ports_kept: bool, forward: tuple[int, str] | None) -> str:
     """The router's nftables ruleset: masquerade out of ``wan0``; ``fully-random`` makes
-    it a symmetric NAT; ``forward`` = (port, LAN ip) forwards that TCP port."""
+    it a symmetric NAT; ``forward`` = (port, LAN ip) forwards that TCP port. New
+    connections from the wan to the router itself are dropped, not reset."""
     masquerade = "masquerade" if ports_kept else "masquerade fully-random"
     pre = ""
     if forward is not None:
@@ -122,6 +132,12 @@ table ip nat {{
   chain post {{
     type nat hook postrouting priority 100;
     oifname "wan0" {masquerade}
+  }}
+}}
+table ip filter {{
+  chain in {{
+    type filter hook input priority 0;
+    iifname "wan0" ct state new drop
   }}
 }}
 """
@@ -149,6 +165,8 @@ def build(ns: Netns) -> None:
         ns.run(None, "ip", "addr", "add", ip, "dev", "lo")
     add_home(ns, 1, nat(True, (4142, "10.1.0.3")))
     add_home(ns, 2, nat(False, None))
+    if "r3" in ns.fds:
+        add_home(ns, 3, nat(True, None))
     ns.run("home1", "ip", "addr", "add", "10.1.0.3/24", "dev", "eth0")
     ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
@@ -156,7 +174,7 @@ def build(ns: Netns) -> None:
 def run(deliver_s: float) -> dict[str, object]:
     result: dict[str, object] = {"ok": False, "checks": {}}
     checks: dict[str, object] = result["checks"]  # type: ignore[assignment]
-    ns = Netns(["r1", "home1", "r2", "home2"])
+    ns = Netns(["r1", "home1", "r2", "home2", "r3", "home3"])
     build(ns)
     vectors = sorted(VALID.glob("*.msgpack"))
     members: dict[str, Libp2pTransport] = {}
@@ -174,6 +192,11 @@ def run(deliver_s: float) -> dict[str, object]:
     def stat(name: str, key: str) -> object:
         return members[name].child_stats.get(key)
 
+    def link(a: str, b: str) -> list[int]:
+        """a's connections to b: [direct, relayed]."""
+        links = stat(a, "links") or {}
+        return list(links.get(members[b].peer_id, [0, 0]))  # type: ignore[union-attr]
+
     def exchange(a: str, b: str, k: int) -> bool:
         """a and b each publish a message; True when each has the other's."""
         sent = {
@@ -188,6 +211,17 @@ def run(deliver_s: float) -> dict[str, object]:
             for n in (a, b):
                 got[n] |= {(m.data, m.author) for m in members[n].received()}
             return all((sent[x], members[x].peer_id) in got[y] for x, y in ((a, b), (b, a)))
+
+        return wait_for(arrived, deliver_s)
+
+    def one_way(a: str, b: str, k: int) -> bool:
+        """a publishes a message, b not; True when b has it."""
+        sent, got = vectors[k % len(vectors)].read_bytes(), set()
+        members[a].publish(sent)
+
+        def arrived() -> bool:
+            got.update((m.data, m.author) for m in members[b].received())
+            return (sent, members[a].peer_id) in got
 
         return wait_for(arrived, deliver_s)
 
@@ -230,6 +264,14 @@ def run(deliver_s: float) -> dict[str, object]:
             checks["home_exchange_s"] = round(time.monotonic() - t, 1)
             # a new home node (h2, behind the symmetric NAT): from its start to h1's group
             checks["first_group_s"] = round(time.monotonic() - h2_started, 1)
+            # another (h4, behind a NAT that keeps ports), started alone: the same
+            h4_started = time.monotonic()
+            start("h4", "home3", "/ip4/0.0.0.0/tcp/4141", boot, mdns=False, upnp=False)
+            wait_for(lambda: stat("h4", "reachability"), 10)
+            checks["reachability"]["h4"] = stat("h4", "reachability")
+            wait_for(lambda: (stat("h4", "mesh") or 0) >= 1, 60)
+            checks["h4_exchange"] = exchange("h1", "h4", 6)
+            checks["first_group_h4_s"] = round(time.monotonic() - h4_started, 1)
             # each home node reserves on a public one and announces its relayed address
             # in the DHT; the other dials it there: a connection of their own, relayed
             t = time.monotonic()
@@ -242,6 +284,32 @@ def run(deliver_s: float) -> dict[str, object]:
                 n: (stat(n, "connections_direct"), stat(n, "connections_relayed"))
                 for n in ("h1", "h2")
             }
+            # DCUtR: h1 and h4 (NATs that keep ports) punch a hole and drop the relayed
+            # connection; h2 (symmetric NAT) stays relayed to both
+            t, times = time.monotonic(), {}
+
+            def upgraded() -> bool:
+                ends = [link("h1", "h4"), link("h4", "h1")]
+                for name, ok in (
+                    ("relayed_s", all(r >= 1 for _, r in ends)),
+                    ("direct_s", all(d >= 1 for d, _ in ends)),
+                    ("direct_only_s", all(e == [1, 0] for e in ends)),
+                ):
+                    if ok and name not in times:
+                        times[name] = round(time.monotonic() - t, 1)
+                symmetric = [link("h2", b) for b in ("h1", "h4")]
+                return "direct_only_s" in times and all(r >= 1 for _, r in symmetric)
+
+            checks["punched"] = wait_for(upgraded, 60)
+            checks.update(times)
+            checks["punched_since_h4_started_s"] = round(time.monotonic() - h4_started, 1)
+            checks["hole_punch_s"] = {n: stat(n, "hole_punch_s") for n in ("h1", "h4")}
+            checks["hole_punches"] = {
+                n: [stat(n, "hole_punches"), stat(n, "hole_punches_failed")]
+                for n in ("h1", "h2", "h4")
+            }
+            pairs = (("h1", "h4"), ("h4", "h1"), ("h2", "h1"), ("h2", "h4"))
+            checks["links"] = {f"{a}-{b}": link(a, b) for a, b in pairs}
             # Discovery passes run every second; a few let any LAN address spread.
             wait_for(lambda: (stat("pub1", "routing_table") or 0) >= 2, 30)
             time.sleep(3)
@@ -263,15 +331,36 @@ def run(deliver_s: float) -> dict[str, object]:
             t = time.monotonic()
             checks["exchange_without_pub1"] = exchange("h1", "h2", 2)
             checks["exchange_without_pub1_s"] = round(time.monotonic() - t, 1)
+            # h2 never got a direct connection (its punches fail through the symmetric NAT)
+            checks["symmetric_links"] = {f"h2-{b}": link("h2", b) for b in ("h1", "h4")}
+            checks["symmetric_stays_relayed"] = all(
+                d == 0 for d, _ in checks["symmetric_links"].values()
+            )
+            # with both public nodes gone, only the punched connection joins h1 and h4
+            members.pop("pub2").close()
+            t = time.monotonic()
+            # one way first: a peer that only listens must get it too
+            checks["exchange_direct_only"] = one_way("h1", "h4", 4) and one_way("h4", "h1", 5)
+            checks["exchange_direct_only_s"] = round(time.monotonic() - t, 1)
+            checks["links_at_end"] = {f"h1-{b}": link("h1", b) for b in ("h4", "h2")}
+            checks["hole_punches_at_end"] = {
+                n: [stat(n, "hole_punches"), stat(n, "hole_punches_failed")]
+                for n in ("h1", "h2", "h4")
+            }
             failed = [
                 name
                 for name, ok in (
                     ("home_exchange", checks["home_exchange"]),
+                    ("h4_exchange", checks["h4_exchange"]),
+                    ("h4_private", checks["reachability"]["h4"] == "private"),
                     ("relayed_home_link", checks["relayed_home_link"]),
                     ("routing_table", checks["routing_table"] == {"pub1": 2, "pub2": 2}),
                     ("dht_lan_addrs", checks["dht_lan_addrs"] == {"pub1": 0, "pub2": 0}),
                     ("forwarded_port_dialled", checks["forwarded_port_dialled"]),
                     ("exchange_without_pub1", checks["exchange_without_pub1"]),
+                    ("punched", checks["punched"]),
+                    ("symmetric_stays_relayed", checks["symmetric_stays_relayed"]),
+                    ("exchange_direct_only", checks["exchange_direct_only"]),
                 )
                 if not ok
             ]
