@@ -62,10 +62,17 @@ from libp2p import new_host
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.identity.identify import identify as identify_module
 from libp2p.identity.identify_push import identify_push as identify_push_module
+from libp2p.kad_dht import kad_dht as kad_dht_module
+from libp2p.kad_dht import peer_routing as peer_routing_module
+from libp2p.kad_dht import provider_store as provider_store_module
+from libp2p.kad_dht import value_store as value_store_module
 from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL_ID
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer import peerstore as peerstore_module
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.pubsub import floodsub as floodsub_module
+from libp2p.pubsub import gossipsub as gossipsub_module
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
@@ -479,6 +486,11 @@ class SwarmPubsub(Pubsub):
 
 REACHABILITY: list[reach.Reachability] = ["public"]
 RELAYED: list[str] = []  # this node's addresses through its relays (a private node's)
+# The library's modules that attach this node's signed peer record to what they send.
+_RECORD_SENDERS = (
+    identify_module, pubsub_module, gossipsub_module, floodsub_module, kad_dht_module,
+    peer_routing_module, provider_store_module, value_store_module,
+)  # fmt: skip
 _library_identify = identify_module._mk_identify_protobuf
 
 
@@ -517,6 +529,20 @@ class _Shown:
 
 identify_module._mk_identify_protobuf = _identify_for
 identify_push_module._mk_identify_protobuf = _identify_for
+
+
+def _shown_record(host: Any) -> tuple[bytes, bool]:
+    """trap 16, the signed peer record: py-libp2p signs ``host.get_addrs()`` whole into the
+    record it attaches to pubsub, DHT and identify messages, so a private node's LAN
+    addresses reached peers outside its LAN through it (a home node dialled the other
+    home's 10.x address in the NAT test). The record holds what a stranger may see."""
+    return _library_record(_Shown(host))
+
+
+_library_record = peerstore_module.env_to_send_in_RPC
+for _module in _RECORD_SENDERS:
+    if getattr(_module, "env_to_send_in_RPC", None) is _library_record:
+        _module.env_to_send_in_RPC = _shown_record
 
 
 class SwarmDHT(KadDHT):

@@ -47,3 +47,30 @@ def test_a_private_node_shows_outsiders_no_lan_address() -> None:
     assert reach.shown("private", mine, "127.0.0.1") == mine
     assert reach.shown("public", mine, "198.18.0.1") == mine
     assert reach.shown("local", mine, "198.18.0.1") == mine
+
+
+def test_the_signed_peer_record_of_a_private_node_holds_no_lan_address(monkeypatch) -> None:
+    """trap 16: the record py-libp2p attaches to pubsub, DHT and identify messages is
+    signed over what a stranger may see, not over ``host.get_addrs()`` whole."""
+    import multiaddr
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.kad_dht import kad_dht
+    from libp2p.peer.envelope import consume_envelope
+    from libp2p.pubsub import gossipsub, pubsub
+
+    from sapo_node.net import host as net_host
+
+    node = new_host(key_pair=create_new_key_pair())
+    lan, wan = "/ip4/10.2.0.2/tcp/4001", "/ip4/198.18.1.2/tcp/4001"
+    monkeypatch.setattr(node, "get_addrs", lambda: [multiaddr.Multiaddr(lan)])
+    for state, want in (("private", set()), ("public", {lan})):
+        monkeypatch.setattr(net_host, "REACHABILITY", [state])
+        for module in (pubsub, gossipsub, kad_dht):
+            _, record = consume_envelope(module.env_to_send_in_RPC(node)[0], "libp2p-peer-record")
+            assert {str(a) for a in record.addrs} == want, (state, module.__name__)
+    # a private node with a public address (a forwarded port) shows that one
+    monkeypatch.setattr(node, "get_addrs", lambda: [multiaddr.Multiaddr(a) for a in (lan, wan)])
+    monkeypatch.setattr(net_host, "REACHABILITY", ["private"])
+    _, record = consume_envelope(pubsub.env_to_send_in_RPC(node)[0], "libp2p-peer-record")
+    assert {str(a) for a in record.addrs} == {wan}
