@@ -633,7 +633,7 @@ class SwarmDCUtR(DCUtRProtocol):
 
     def __init__(self, host: Any) -> None:
         super().__init__(host)
-        self.punched = self.failed = 0  # punches (either side's part) that worked, not
+        self.punched = self.failed = 0  # punches that worked, and failed (either side's part)
         self.punching: set[ID] = set()
         self.punch_s = 0.0  # how long the last punch that worked took to dial through
 
