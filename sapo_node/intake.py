@@ -180,7 +180,8 @@ class Intake:
         peer's clock, several are more likely this node's own, which then takes none of
         their groups until it is set right."""
         self._ahead = {a: t for a, t in self._ahead.items() if t > now - CLOCK_WINDOW_S}
-        self._ahead[author] = now
+        if len(self._ahead) < CLOCK_BEHIND_PEERS:  # enough to decide: many identities add nothing
+            self._ahead[author] = now
         if len(self._ahead) >= CLOCK_BEHIND_PEERS and now - self._clock_warned >= CLOCK_WINDOW_S:
             self._clock_warned = now
             log.warning(
