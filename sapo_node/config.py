@@ -578,6 +578,13 @@ class NetSection(_Section):
         "announce addresses or an address outside the LAN ranges, private behind NAT (DHT "
         "client, announces nothing, shows no LAN address to peers outside the LAN).",
     )
+    autonat: bool = Field(
+        True,
+        description="AutoNAT: a public node dials back peers that ask whether they are "
+        "reachable; a node public by its address or a UPnP mapping asks peers to dial it "
+        "back and turns private when two (from distinct IPs) cannot; one given announce "
+        "addresses only logs it. Off: neither.",
+    )
     upnp: bool = Field(
         True,
         description="A node that would be private asks its home router (UPnP IGD) to map "

@@ -60,8 +60,10 @@ class NetStats:
     bytes_out: int = 0
     restarts: int = 0
     reachability: str = ""  # public, private or local (net/reach.py); "" without a network
-    # why: config, announce, address, upnp (a router's port mapping), loopback or nat
+    # why: config, announce, address, upnp (a router's port mapping), loopback, nat or
+    # autonat (peers could not dial its public address, net/autonat.py)
     reachability_reason: str = ""
+    autonat: str = ""  # what peers' dial-backs showed: public, private; "" not asked or unsure
     connections_direct: int = 0
     connections_relayed: int = 0  # through a circuit relay
     routing_table: int = 0  # peers in the DHT routing table

@@ -29,7 +29,8 @@ that serve the DHT from an address others can dial (trap 17); circuit relay v2 i
 in by hand (trap 18). A node that would be private asks its home router for a port
 mapping (UPnP, net/upnp.py, trap 19) and, given one, is public at the router's address.
 DCUtR replaces a relayed connection by a direct one where both NATs keep ports, and
-pubsub moves onto it (trap 20).
+pubsub moves onto it (trap 20). AutoNAT's dial-backs go over fresh connections, and a
+node that peers cannot dial at its public address turns private (trap 21, net/autonat.py).
 Where the library forgets a peer in pieces (a ban, a disconnect
 after one), ``SwarmPubsub.forget_peer`` forgets it everywhere at once, and ``stats``
 reports any per-peer state still held for a peer that is gone.
@@ -62,6 +63,7 @@ from libp2p import new_host
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.identity.identify import identify as identify_module
 from libp2p.identity.identify_push import identify_push as identify_push_module
+from libp2p.identity.identify_push import push_identify_to_peers
 from libp2p.kad_dht import kad_dht as kad_dht_module
 from libp2p.kad_dht import peer_routing as peer_routing_module
 from libp2p.kad_dht import provider_store as provider_store_module
@@ -90,7 +92,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo_node import peerstate, wire
 from sapo_node.logs import configure_logging
-from sapo_node.net import NetError, count_refusal, dnsaddr, identity, ipc, reach, upnp
+from sapo_node.net import NetError, autonat, count_refusal, dnsaddr, identity, ipc, reach, upnp
 from sapo_node.net.ports import check_ports_free
 from sapo_node.pool import RateLimiter
 
@@ -486,6 +488,7 @@ class SwarmPubsub(Pubsub):
 
 REACHABILITY: list[reach.Reachability] = ["public"]
 RELAYED: list[str] = []  # this node's addresses through its relays (a private node's)
+UNREACHABLE: set[str] = set()  # addresses AutoNAT found peers cannot dial (trap 21)
 # The library's modules that attach this node's signed peer record to what they send.
 _RECORD_SENDERS = (
     identify_module, pubsub_module, gossipsub_module, floodsub_module, kad_dht_module,
@@ -495,8 +498,9 @@ _library_identify = identify_module._mk_identify_protobuf
 
 
 def shown_addrs(addrs: list[str], peer_ip: str | None) -> list[str]:
-    """The addresses a peer from ``peer_ip`` may see (reach.shown), then the relayed
-    ones, which anyone may."""
+    """The addresses a peer from ``peer_ip`` may see (reach.shown; none that AutoNAT found
+    unreachable), then the relayed ones, which anyone may."""
+    addrs = [a for a in addrs if a.split("/p2p/")[0] not in UNREACHABLE]
     return reach.shown(REACHABILITY[0], addrs, peer_ip) + [a for a in RELAYED if a not in addrs]
 
 
@@ -589,6 +593,13 @@ class SwarmDHT(KadDHT):
         for records in self.provider_store.providers.values():
             addrs += [str(a) for r in records.values() for a in r.addresses]
         return sum(map(reach.is_lan_addr, addrs))
+
+    def drop_departed(self) -> None:
+        """Peers that no longer serve the DHT leave the routing table: a node that AutoNAT
+        found private switched to client and told its peers so (identify push)."""
+        for peer in self.routing_table.get_peer_ids():
+            if not self.admits(peer):
+                self.routing_table.remove_peer(peer)
 
     def admits(self, peer: ID) -> bool:
         store = self.host.get_peerstore()
@@ -846,6 +857,16 @@ class Network:
         # trap 20: every node answers DCUtR; one with a relayed connection (a private
         # node's, to another) tries to replace it by a direct one through both NATs.
         self.dcutr = SwarmDCUtR(self.host)
+        # trap 21: a public node answers AutoNAT dial-back requests on fresh connections;
+        # one public by an address or a UPnP mapping (or --announce) asks peers to dial it
+        # back (net/autonat.py, _check_reachability).
+        check = settings.get("autonat", True)
+        self.autonat = autonat.SwarmAutoNAT(
+            self.host, serve=check and self.reachability in ("public", "local")
+        )
+        self.checks_reachability = check and self.reason in ("address", "upnp", "announce")
+        self.autonat_answers: dict[str, int] = {}  # server IP -> its answer, last check
+        self.autonat_verdict: str | None = None
         self.handing_over: set[ID] = set()  # peers whose pubsub stream is being moved
         self.relays: dict[ID, list[str]] = {}  # relay -> this node's addresses through it
         self.nursery: trio.Nursery | None = None  # for the reservations' refresh
@@ -1002,6 +1023,8 @@ class Network:
                     nursery.start_soon(self._discover)
                     if self.mapping is not None:
                         nursery.start_soon(self._keep_mapping)
+                    if self.checks_reachability:
+                        nursery.start_soon(self._check_reachability)
                     await self._obey(commands)
                     nursery.cancel_scope.cancel()
 
@@ -1114,6 +1137,10 @@ class Network:
             "backoff": len(self.backoff),
             "reachability": self.reachability,
             "reachability_reason": self.reason,
+            # what peers' dial-backs showed (net/autonat.py): public, private or None
+            "autonat": self.autonat_verdict,
+            "autonat_answers": dict(self.autonat_answers),
+            "autonat_served": dict(self.autonat.dial_backs),
             "discovery_pass_s": round(self.pass_s, 3),
             "relays": len(self.relays),
             "routing_table": self.dht.get_routing_table_size() if self.dht is not None else 0,
@@ -1262,6 +1289,7 @@ class Network:
             # With nobody connected there is nobody to ask (the DHT would spend its whole
             # bound dialling the peerstore, which the dial loop below does anyway).
             if self.dht is not None and self.host.get_connected_peers():
+                self.dht.drop_departed()
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
                     for peer in self.host.get_connected_peers():
                         with contextlib.suppress(Exception):
@@ -1382,6 +1410,106 @@ class Network:
                 self.relays[peer] = [f"{a}/p2p/{peer.pretty()}/p2p-circuit" for a in at]
                 log.info("relay reserved", relay=peer.pretty(), addrs=self.relays[peer])
         RELAYED[:] = [a for addrs in self.relays.values() for a in addrs]
+
+    # --- AutoNAT (trap 21, net/autonat.py) --------------------------------------------
+
+    async def _check_reachability(self) -> None:
+        """Ask connected public peers to dial this node back until their answers agree
+        (autonat.verdict), act on it, and ask again every autonat.RECHECK_S while public."""
+        while True:
+            found = await self._ask_until_sure()
+            if found != self.autonat_verdict:
+                await self._act_on(found)
+            if self.reachability == "private":
+                return
+            await trio.sleep(autonat.RECHECK_S)
+
+    async def _ask_until_sure(self) -> str:
+        """Each AutoNAT server among connected peers asked once, as they connect."""
+        self.autonat_answers = {}
+        asked: set[ID] = set()
+        while True:
+            for peer in [p for p in self._autonat_servers() if p not in asked]:
+                asked.add(peer)
+                await self._ask_dial_back(peer)
+                found = autonat.verdict(self.autonat_answers.items())
+                if found is not None:
+                    return found
+            await trio.sleep(max(1.0, self.s["redial_s"]))
+
+    def _autonat_servers(self) -> list[ID]:
+        """Connected peers that answer AutoNAT, over a direct connection."""
+        store = self.host.get_peerstore()
+        servers = []
+        for peer in self.host.get_connected_peers():
+            with contextlib.suppress(Exception):
+                if str(autonat.PROTOCOL) in (store.get_protocols(peer) or ()) and any(
+                    not is_relayed(c) for c in self._conns(peer)
+                ):
+                    servers.append(peer)
+        return servers
+
+    async def _ask_dial_back(self, peer: ID) -> None:
+        """One server's answer, kept by its IP (several identities on one host count
+        once); a server that does not answer counts for nothing."""
+        ip = next(
+            (
+                reach.ip_of(str(a))
+                for c in self._conns(peer)
+                if not is_relayed(c)
+                for a in (c.get_transport_addresses() or ())
+            ),
+            None,
+        )
+        if ip is None:
+            return
+        with contextlib.suppress(Exception):
+            status, _ = await self.autonat.query_server(peer, timeout=autonat.ASK_S)
+            if (
+                status in (autonat.OK, autonat.FAILED)
+                and self.autonat_answers.get(ip) != autonat.OK
+            ):
+                self.autonat_answers[ip] = status
+
+    async def _act_on(self, found: str) -> None:
+        """A node public by its address or a UPnP mapping that peers cannot dial becomes
+        private; one public by --announce stays so and says which address failed."""
+        self.autonat_verdict = found
+        addrs = [str(a).split("/p2p/")[0] for a in self.host.get_addrs()]
+        if found == "public":
+            log.info(
+                "AutoNAT: peers dialled this node back: it is public", answers=self.autonat_answers
+            )
+            return
+        if self.reason == "announce":
+            log.warning(
+                "AutoNAT: peers could not dial this node at its announced addresses; check "
+                "that the router forwards the port and the firewall lets it in",
+                announced=addrs,
+                answers=self.autonat_answers,
+            )
+            return
+        UNREACHABLE.update(addrs)
+        self.reachability, self.reason = "private", "autonat"
+        REACHABILITY[0] = "private"
+        if self.dht is not None:
+            with contextlib.suppress(Exception):
+                await self.dht.switch_mode(DHTMode.CLIENT)
+            self.dht.public = False
+        if self.circuit.allow_hop:
+            self.host.remove_stream_handler(HOP_PROTOCOL_ID)
+            self.circuit.allow_hop = False
+        self.host.remove_stream_handler(autonat.PROTOCOL)
+        with contextlib.suppress(Exception):
+            await push_identify_to_peers(self.host)  # peers forget the addresses and the DHT
+        log.warning(
+            "AutoNAT: peers could not dial this node back, so it is private: a firewall or "
+            "the router blocks its port. It now asks the DHT as a client, relays nothing and "
+            "is reached through public nodes' relays. To be public, open the TCP port (or "
+            "forward it) and restart.",
+            unreachable=addrs,
+            answers=self.autonat_answers,
+        )
 
     async def _drop_stale(self, connected: set[ID]) -> None:
         """A connection whose pubsub stream never came up (a handshake lost under load)

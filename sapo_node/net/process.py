@@ -85,6 +85,7 @@ class Libp2pTransport:
             "dht": net.dht,
             "reachability": net.reachability,
             "upnp": net.upnp,
+            "autonat": net.autonat,
             "nameservers": list(net.nameservers),
             "redial_s": net.redial_s,
             "max_peers": net.max_peers,
@@ -177,6 +178,7 @@ class Libp2pTransport:
             s.peers = self.peers()
             s.reachability = str(self.child_stats.get("reachability", ""))
             s.reachability_reason = str(self.child_stats.get("reachability_reason", ""))
+            s.autonat = str(self.child_stats.get("autonat") or "")
             for name in (
                 "connections_direct",
                 "connections_relayed",

@@ -100,3 +100,16 @@ def test_home_node_with_upnp_reads_public_and_is_dialled_directly() -> None:
     assert checks["router_maps_4141"] and checks["mapping_deleted"]
     # the router was asked by the node with UPnP on (found, selected, mapped, unmapped) only
     assert checks["igd_asked_by"] == {"10.1.0.2": IGD_ACTIONS}
+
+
+@pytest.mark.timeout(150)
+def test_a_firewalled_node_with_a_public_address_turns_private_by_autonat() -> None:
+    problem = nft_problem()
+    if problem:
+        pytest.skip(problem)
+    code, result, log = run_unshared("tests.support.nat_autonat", timeout=120)
+    assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
+    checks = result["checks"]
+    assert checks["verdict"] == {"fw": "private", "open": "public"}
+    assert checks["reachability"]["fw"] == ["private", "autonat"]
+    assert checks["relay_reserved"] and checks["routing_table_dropped_fw"] and checks["exchange"]

@@ -1,0 +1,174 @@
+"""AutoNAT v1: whether peers elsewhere can really dial this node (issue 30, trap 21).
+
+A node with an address outside the LAN ranges (a VPS) or a port mapped by its home
+router (UPnP) reads public at start (net/reach.py). A firewall, a cloud security group
+or a router that ignores its own mapping can make that false: peers would then dial
+an address that leads nowhere, and the node would serve the DHT and relays to nobody.
+So such a node asks public peers to dial it back, on py-libp2p's AutoNAT v1
+(``/libp2p/autonat/1.0.0``), and acts on their answers (``Network._check_reachability``):
+
+- AGREE peers (from distinct IP addresses) failed to dial it and none succeeded: it
+  becomes private (reason ``autonat``): DHT client, no relay service, its unreachable
+  addresses hidden from peers, a relay reservation instead. A node public because it
+  was given ``--announce`` stays public (the user said so) and its log says which
+  announced address peers could not dial.
+- one peer dialled it back: it is public, confirmed (``/status``: ``autonat``).
+
+trap 21: the library's server answers a dial-back request with ``host.connect``, which
+returns at once when a connection to the asker is open, and it always is: the request
+came over it. Every asker heard OK, firewalled or not. :class:`SwarmAutoNAT` dials back
+on a fresh TCP connection from an ephemeral port (never the connection the request came
+on, nor the listen port, which a NAT keeping ports would map to that same connection),
+and counts it a success only when the Noise handshake proves the asker's peer ID. It
+dials only addresses on the asker's observed IP (the library's rule: no amplification),
+only for the peer that asked, and within rate limits (a peer's request once a minute,
+PER_MINUTE requests in all).
+
+Dial-backs from distinct IPs are what the verdict counts: one host of many identities
+counts once. A lying server can only say "failed" (two agreeing from two IPs demote a
+node: it then reaches the swarm through relays) or "OK" (the node stays as it started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+
+import multiaddr
+import structlog
+import trio
+from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID, AutoNATService, _is_relayed_stream
+from libp2p.host.autonat.pb.autonat_pb2 import Message
+from libp2p.io.trio import TrioTCPStream
+from libp2p.network.connection.raw_connection import RawConnection
+from libp2p.peer.id import ID
+from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+log = structlog.get_logger("sapo_node.net")
+
+PROTOCOL = AUTONAT_PROTOCOL_ID
+AGREE = 2  # failed dial-backs, from distinct IPs, that make a node private
+SERVERS = 4  # peers asked in one check
+DIAL_S = 5.0  # a dial-back's bound (TCP connect and Noise handshake)
+ASK_S = 30.0  # an asker's bound on a server's answer (its dial-backs take up to 20 s)
+MAX_MESSAGE = 64 * 1024  # an AutoNAT request's bound (the library's)
+MAX_ADDRS = 4  # addresses a server dials back per request
+PEER_EVERY_S = 60.0  # a peer's requests are served at most this often
+PER_MINUTE = 30  # requests served a minute, all peers together
+RECHECK_S = 3600.0  # a public node asks again this often (a firewall can change)
+OK, FAILED = int(Message.OK), int(Message.E_DIAL_ERROR)
+
+
+class SwarmAutoNAT(AutoNATService):
+    """py-libp2p's AutoNAT service with trap 21 answered: the server's dial-back is a
+    fresh connection that proves the asker's identity, only for the asker itself, and
+    rate-limited. ``serve`` says whether this node answers (a public node)."""
+
+    def __init__(self, host, *, serve: bool) -> None:
+        super().__init__(host, serve=serve)
+        self.served: dict[ID, float] = {}  # asker -> when its last request was served
+        self.minute: list[float] = []
+        self.dial_backs = {"ok": 0, "failed": 0, "refused": 0}
+
+    async def handle_stream(self, stream) -> None:
+        """The library's handler, with the rate limits and the asker check."""
+        asker = stream.muxed_conn.peer_id
+        now = time.monotonic()
+        self.minute = [t for t in self.minute if now - t < 60.0]
+        if (
+            now - self.served.get(asker, -PEER_EVERY_S) < PEER_EVERY_S
+            or len(self.minute) >= PER_MINUTE
+        ):
+            self.dial_backs["refused"] += 1
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            return
+        self.served[asker] = now
+        self.minute.append(now)
+        while len(self.served) > 4096:
+            self.served.pop(next(iter(self.served)))
+        try:
+            request = Message()
+            request.ParseFromString(await read_varint_prefixed_bytes_limited(stream, MAX_MESSAGE))
+            if request.type == Message.DIAL and ID(request.dial.peer.id) != asker:
+                response = Message()
+                response.type = Message.DIAL_RESPONSE
+                response.dialResponse.status = Message.E_DIAL_REFUSED
+                response.dialResponse.statusText = "a peer may ask a dial-back for itself only"
+            else:
+                response = await self._handle_request(
+                    request, self._observed_ip(stream), _is_relayed_stream(stream)
+                )
+            status = int(response.dialResponse.status)
+            self.dial_backs[{OK: "ok", FAILED: "failed"}.get(status, "refused")] += 1
+            await stream.write(encode_varint_prefixed(response.SerializeToString()))
+        except Exception as e:  # a malformed request, a peer gone
+            log.debug("AutoNAT request not answered", peer=asker.pretty(), error=str(e))
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.close()
+
+    async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+        """trap 21: a new TCP connection from an ephemeral port, and a Noise handshake
+        that proves ``peer_id``; then closed. None if no address answered so."""
+        upgrader = self.host.get_network().upgrader
+        for raw in addrs[:MAX_ADDRS]:
+            target = tcp_target(raw)
+            if target is None:
+                continue
+            with trio.move_on_after(DIAL_S):
+                try:
+                    stream = await trio.open_tcp_stream(*target)
+                except OSError:
+                    continue
+                conn = RawConnection(TrioTCPStream(stream), True)
+                try:
+                    secured = await upgrader.upgrade_security(conn, True, peer_id)
+                except Exception:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                    continue
+                with contextlib.suppress(Exception):
+                    await secured.close()
+                return raw
+        return None
+
+
+def tcp_target(raw: bytes) -> tuple[str, int] | None:
+    """(ip, port) of an ``/ip4|ip6/.../tcp/...`` address, else None (a relayed one, a
+    name: not dialled back).
+
+    >>> tcp_target(multiaddr.Multiaddr("/ip4/198.18.4.2/tcp/4141").to_bytes())
+    ('198.18.4.2', 4141)
+    >>> tcp_target(multiaddr.Multiaddr("/ip4/198.18.0.1/tcp/4001/p2p-circuit").to_bytes())
+    """
+    try:
+        addr = multiaddr.Multiaddr(raw)
+        protocols = [p.name for p in addr.protocols()]
+        if "p2p-circuit" in protocols or "tcp" not in protocols:
+            return None
+        ip = next(addr.value_for_protocol(p) for p in ("ip4", "ip6") if p in protocols)
+        return str(ip), int(addr.value_for_protocol("tcp"))
+    except Exception:
+        return None
+
+
+def verdict(answers: Iterable[tuple[str, int]]) -> str | None:
+    """The reachability that servers' answers show, as (server IP, status) pairs:
+    ``public`` when any dialled back, ``private`` when AGREE from distinct IPs failed
+    and none succeeded, None while unsure (refusals and errors count for nothing).
+
+    >>> verdict([("198.18.0.1", FAILED), ("198.18.0.2", FAILED)])
+    'private'
+    >>> verdict([("198.18.0.1", FAILED), ("198.18.0.1", FAILED)]) is None  # one host
+    True
+    >>> verdict([("198.18.0.1", FAILED), ("198.18.0.2", OK)])
+    'public'
+    """
+    answers = list(answers)
+    if any(status == OK for _, status in answers):
+        return "public"
+    if len({ip for ip, status in answers if status == FAILED}) >= AGREE:
+        return "private"
+    return None
