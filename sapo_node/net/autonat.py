@@ -50,10 +50,11 @@ log = structlog.get_logger("sapo_node.net")
 PROTOCOL = AUTONAT_PROTOCOL_ID
 AGREE = 2  # failed dial-backs, from distinct IPs, that make a node private
 SERVERS = 4  # peers asked in one check
-DIAL_S = 5.0  # a dial-back's bound (TCP connect and Noise handshake)
-ASK_S = 30.0  # an asker's bound on a server's answer (its dial-backs take up to 20 s)
+CONNECT_S = 5.0  # a dial-back's TCP connect: a firewall that drops shows here
+HANDSHAKE_S = 15.0  # then its Noise handshake (an asker on a loaded machine is slow)
+ASK_S = 90.0  # an asker's bound on a server's answer (MAX_ADDRS dial-backs, 60 s at most)
 MAX_MESSAGE = 64 * 1024  # an AutoNAT request's bound (the library's)
-MAX_ADDRS = 4  # addresses a server dials back per request
+MAX_ADDRS = 3  # addresses a server dials back per request
 PEER_EVERY_S = 60.0  # a peer's requests are served at most this often
 PER_MINUTE = 30  # requests served a minute, all peers together
 RECHECK_S = 3600.0  # a public node asks again this often (a firewall can change)
@@ -117,20 +118,18 @@ class SwarmAutoNAT(AutoNATService):
             target = tcp_target(raw)
             if target is None:
                 continue
-            with trio.move_on_after(DIAL_S):
-                try:
-                    stream = await trio.open_tcp_stream(*target)
-                except OSError:
-                    continue
-                conn = RawConnection(TrioTCPStream(stream), True)
-                try:
-                    secured = await upgrader.upgrade_security(conn, True, peer_id)
-                except Exception:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-                    continue
-                with contextlib.suppress(Exception):
-                    await secured.close()
+            stream = None
+            with trio.move_on_after(CONNECT_S), contextlib.suppress(OSError):
+                stream = await trio.open_tcp_stream(*target)
+            if stream is None:
+                continue
+            conn = RawConnection(TrioTCPStream(stream), True)
+            secured = None
+            with trio.move_on_after(HANDSHAKE_S), contextlib.suppress(Exception):
+                secured = await upgrader.upgrade_security(conn, True, peer_id)
+            with contextlib.suppress(Exception):
+                await (secured or conn).close()
+            if secured is not None:
                 return raw
         return None
 
