@@ -56,6 +56,17 @@ def script_main(run: Callable[[], dict[str, object]]) -> int:
     return 0 if result["ok"] else 1
 
 
+def conclude(result: dict[str, object], passed: dict[str, object]) -> dict[str, object]:
+    """``result`` with ``ok`` set when every named check in ``passed`` holds, else its
+    ``error`` naming the checks that failed."""
+    failed = [name for name, ok in passed.items() if not ok]
+    if failed:
+        result["error"] = f"failed: {failed}"
+    else:
+        result["ok"] = True
+    return result
+
+
 def unshare_problem(*command: str) -> str | None:
     """Why ``unshare -rn COMMAND`` cannot run here, or None if it can."""
     if not sys.platform.startswith("linux"):

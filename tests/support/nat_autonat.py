@@ -29,7 +29,7 @@ from pathlib import Path
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net.process import Libp2pTransport
 from tests.support.mdns_pair import lo_up, wait_for
-from tests.support.namespaces import script_main
+from tests.support.namespaces import conclude, script_main
 from tests.support.nat_swarm import VALID, Netns
 
 FIREWALL = """
@@ -126,21 +126,18 @@ def run(within: float) -> dict[str, object]:
                 ) in got["fw"]
 
             checks["exchange"] = wait_for(arrived, within)
-            want = {
-                "at_start": checks["at_start"] == {"fw": "address", "open": "address"},
-                "verdict": checks["verdict"] == {"fw": "private", "open": "public"},
-                "reachability": checks["reachability"]
-                == {"fw": ["private", "autonat"], "open": ["public", "address"]},
-                "relay_reserved": checks["relay_reserved"],
-                "routing_table_dropped_fw": checks["routing_table_dropped_fw"],
-                "exchange": checks["exchange"],
-            }
-            failed = [name for name, ok in want.items() if not ok]
-            if failed:
-                result["error"] = f"failed: {failed}"
-                return result
-            result["ok"] = True
-            return result
+            return conclude(
+                result,
+                {
+                    "at_start": checks["at_start"] == {"fw": "address", "open": "address"},
+                    "verdict": checks["verdict"] == {"fw": "private", "open": "public"},
+                    "reachability": checks["reachability"]
+                    == {"fw": ["private", "autonat"], "open": ["public", "address"]},
+                    "relay_reserved": checks["relay_reserved"],
+                    "routing_table_dropped_fw": checks["routing_table_dropped_fw"],
+                    "exchange": checks["exchange"],
+                },
+            )
         finally:
             for t in members.values():
                 t.close()
