@@ -629,6 +629,15 @@ class NetSection(_Section):
         "swarm (docs/scale.md); a swarm setting, from its swarm file ([swarm] shards). 1: "
         "the single topic sapo/<swarm>/rollouts/v2, as before shards.",
     )
+    shards_before: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="A swarm changing its shard count: S before the change (0: none; from "
+        "the swarm file's [swarm] shards_before). The node also joins its shards of the old "
+        "count and publishes each group on one of them as well, so that nodes still on the "
+        "old file and nodes on the new one exchange groups until all have restarted.",
+    )
     shards_joined: int = Field(
         2,
         ge=1,
@@ -665,6 +674,8 @@ class NetSection(_Section):
                 raise ValueError(f"net.bootstrap: {exc}{hint}") from None
         if self.enabled and not self.listen:
             raise ValueError("net.listen is empty; give at least one address or disable net")
+        if self.shards_before == self.shards:
+            raise ValueError(f"net.shards_before is net.shards ({self.shards}): set it to 0")
         return self
 
 

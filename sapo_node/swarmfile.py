@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sapo_node.config import (
     SWARM_NAME,
@@ -41,6 +41,7 @@ _NOT_RECOMMENDED = {
     ("net", "swarm"): "[swarm] name gives it",
     ("net", "bootstrap"): "[swarm] bootstrap gives it",
     ("net", "shards"): "[swarm] shards gives it",
+    ("net", "shards_before"): "[swarm] shards_before gives it",
     ("net", "swarm_file"): "a swarm file names no other",
 }
 
@@ -72,6 +73,16 @@ class SwarmSection(_Table):
         description="S: the swarm's shard topics (net.shards; protocol/SPEC.md, section 2.2). "
         "Leave it out while it is 1: nodes older than shards refuse a file with this key.",
     )
+    shards_before: int = Field(
+        0,  # none: S is not changing
+        strict=True,
+        ge=1,
+        le=MAX_SHARDS,
+        description="While S changes: the shard count before (net.shards_before; SPEC.md "
+        "section 2.2, changing S). Nodes on this file also join their shards of that count, "
+        "so nodes still on the old file keep exchanging with them. Drop it once all have "
+        "restarted.",
+    )
     description: str = Field("", max_length=2000, description="What the swarm trains, for people.")
     homepage: str = Field("", max_length=2000, description="Where the swarm's organiser says more.")
 
@@ -81,6 +92,12 @@ class SwarmSection(_Table):
         for addr in value:
             parse(addr)
         return value
+
+    @model_validator(mode="after")
+    def _change(self) -> SwarmSection:
+        if self.shards_before == self.shards:
+            raise ValueError(f"shards_before is shards ({self.shards}): leave it out")
+        return self
 
 
 class SwarmFile(_Table):
@@ -149,12 +166,13 @@ def under(swarm: SwarmFile, user: dict[str, Any], source: Path | str) -> dict[st
             f"net.swarm is {name!r} but swarm file {source} is for {swarm.swarm.name!r}: "
             "drop one of them"
         )
-    shards = net.get("shards")
-    if shards is not None and str(shards) != str(swarm.swarm.shards):
-        raise ConfigError(
-            f"net.shards is {shards!r} but swarm file {source} says {swarm.swarm.shards}: a "
-            "node on other shard topics would meet none of the swarm; drop net.shards"
-        )
+    for key in ("shards", "shards_before"):
+        mine, theirs = net.get(key), getattr(swarm.swarm, key)
+        if mine is not None and str(mine) != str(theirs):
+            raise ConfigError(
+                f"net.{key} is {mine!r} but swarm file {source} says {theirs}: a node on "
+                f"other shard topics would meet none of the swarm; drop net.{key}"
+            )
     base = _deep_merge(
         swarm.recommended.model_dump(exclude_unset=True),
         {
@@ -163,6 +181,7 @@ def under(swarm: SwarmFile, user: dict[str, Any], source: Path | str) -> dict[st
                 "swarm": swarm.swarm.name,
                 "bootstrap": swarm.swarm.bootstrap,
                 "shards": swarm.swarm.shards,
+                "shards_before": swarm.swarm.shards_before,
             },
         },
     )

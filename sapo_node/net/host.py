@@ -768,6 +768,15 @@ class Network:
         # home shard's first; a swarm of one shard has one, the swarm's topic.
         self.topics: list[str] = list(settings.get("topics") or [self.topic])
         self.home = self.topics[0]
+        # While the swarm changes its shard count (SPEC.md section 2.2): this node's shards
+        # of the count before, joined too; each group goes out on one of each set.
+        self.publish_topics = list(self.topics)
+        self.topics_before: list[str] = list(settings.get("topics_before") or [])
+        self.topics += [t for t in self.topics_before if t not in self.topics]
+        # a message on two topics meets the validator once per topic and reaches both
+        # subscriptions: it is checked and handed on once
+        self.judged: tuple[Any, bool] = (None, False)
+        self.delivered: OrderedDict[bytes, None] = OrderedDict()
         self.shard_count = int(settings.get("shards", 1))
         self.shards_joined = int(settings.get("shards_joined", 1))
         self.next_topic = 0  # own groups go to the joined topics in turn
@@ -915,7 +924,15 @@ class Network:
     # --- the validator ---------------------------------------------------------------
 
     def validate(self, forwarder: ID, msg: Any) -> bool:
-        """The wire module's strict decoding and size cap, then the author's rate."""
+        """The wire module's strict decoding and size cap, then the author's rate (once
+        for a message on two of this node's topics)."""
+        if self.judged[0] is msg:
+            return self.judged[1]
+        valid = self._validate(forwarder, msg)
+        self.judged = (msg, valid)
+        return valid
+
+    def _validate(self, forwarder: ID, msg: Any) -> bool:
         author = ID(msg.from_id)
         if author == self.me:
             return True
@@ -1041,9 +1058,11 @@ class Network:
                 while not self.own_rate.allow("", time.monotonic()):
                     await trio.sleep(1.0 / self.own_rate.rate)
                 await self._backpressure()
-                topic = self.topics[self.next_topic % len(self.topics)]
-                self.next_topic += 1
-                await self.pubsub.publish(topic, frame[1])
+                turn, self.next_topic = self.next_topic, self.next_topic + 1
+                topics = [self.publish_topics[turn % len(self.publish_topics)]]
+                if self.topics_before:
+                    topics.append(self.topics_before[turn % len(self.topics_before)])
+                await self.pubsub.publish(topics if len(topics) > 1 else topics[0], frame[1])
                 COUNTERS.published += 1
             elif frame[0] == "penalise":
                 # Only a peer with a pubsub stream: a score is forgotten with the peer, and
@@ -1088,6 +1107,13 @@ class Network:
             author = ID(msg.from_id)
             if author == self.me:
                 continue
+            if self.topics_before:  # a message on two topics reaches both subscriptions
+                msg_id = self.pubsub.get_message_id(msg)
+                if msg_id in self.delivered:
+                    continue
+                self.delivered[msg_id] = None
+                while len(self.delivered) > EXCUSED_MEMORY:
+                    self.delivered.popitem(last=False)
             COUNTERS.received += 1
             await self.out.send(["message", msg.data, author.pretty()])
 

@@ -72,10 +72,21 @@ class Libp2pTransport:
         self.shards = identity.shards(self.peer_id, net.shards, net.shards_joined)
         self.topics = [wire.shard_topic(net.swarm, i, net.shards) for i in self.shards]
         self.topic = self.topics[0]
+        # While the swarm changes its shard count: this node's shards of the count before
+        # too (SPEC.md section 2.2, changing S)
+        topics_before = (
+            [
+                wire.shard_topic(net.swarm, i, net.shards_before)
+                for i in identity.shards(self.peer_id, net.shards_before, net.shards_joined)
+            ]
+            if net.shards_before
+            else []
+        )
         self.settings: dict[str, Any] = {
             "key": str(data_dir / identity.KEY_FILE),
             "topic": wire.topic(net.swarm),  # the swarm's: its DHT key
             "topics": self.topics,
+            "topics_before": topics_before,
             "shards": net.shards,
             "shards_joined": net.shards_joined,
             "listen": list(net.listen),

@@ -97,6 +97,26 @@ def test_the_swarm_file_sets_the_shards_and_a_user_may_not_change_them(tmp_path:
             load_config(overrides={"net": {"swarm_file": path}}, environ={})
 
 
+def test_a_swarm_file_changing_s_names_the_count_before(tmp_path: Path) -> None:
+    changing = write(
+        tmp_path / "s.toml",
+        SWARM.replace('name = "demo"', 'name = "demo"\nshards = 16\nshards_before = 8'),
+    )
+    cfg = load_config(overrides={"net": {"swarm_file": changing}}, environ={})
+    assert (cfg.net.shards, cfg.net.shards_before) == (16, 8)
+    assert load_config(environ={}).net.shards_before == 0  # no change under way
+    for bad, needle in (
+        (
+            SWARM.replace('name = "demo"', 'name = "demo"\nshards = 8\nshards_before = 8'),
+            "leave it out",
+        ),
+        (SWARM + "[recommended.net]\nshards_before = 8\n", "recommended.net.shards_before"),
+    ):
+        path = write(tmp_path / "bad.toml", bad)
+        with pytest.raises(ConfigError, match=needle):
+            load_config(overrides={"net": {"swarm_file": path}}, environ={})
+
+
 def test_identity_prints_a_nodes_shards_in_a_sharded_swarm(tmp_path: Path, capsys) -> None:
     from sapo_node.cli import main
 
