@@ -1451,16 +1451,19 @@ class Network:
             await trio.sleep(autonat.RECHECK_S)
 
     async def _ask_until_sure(self) -> str:
-        """Each AutoNAT server among connected peers asked once, as they connect."""
+        """Each AutoNAT server among connected peers asked once, as they connect (those
+        connected together, at once)."""
         self.autonat_answers = {}
         asked: set[ID] = set()
         while True:
-            for peer in [p for p in self._autonat_servers() if p not in asked]:
-                asked.add(peer)
-                await self._ask_dial_back(peer)
-                found = autonat.verdict(self.autonat_answers.items())
-                if found is not None:
-                    return found
+            new = [p for p in self._autonat_servers() if p not in asked][: autonat.SERVERS]
+            asked.update(new)
+            async with trio.open_nursery() as nursery:
+                for peer in new:
+                    nursery.start_soon(self._ask_dial_back, peer)
+            found = autonat.verdict(self.autonat_answers.items())
+            if found is not None:
+                return found
             await trio.sleep(max(1.0, self.s["redial_s"]))
 
     def _autonat_servers(self) -> list[ID]:
