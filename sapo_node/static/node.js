@@ -110,7 +110,7 @@
       ["received", String(n.received), `${n.rejected} refused by the network's checks`],
       ["inbox dropped", String(n.inbox_dropped), "the round loop was busy"],
       ["traffic", `${fmt(n.bytes_in / 1048576, 1)} / ${fmt(n.bytes_out / 1048576, 1)} MiB`, "in / out"],
-      ["reachability", n.reachability ? n.reachability + (n.reachability_reason ? ` (${n.reachability_reason})` : "") : "starting", `connections ${n.connections_direct} direct, ${n.connections_relayed} relayed; DHT table ${n.routing_table}`],
+      ["reachability", n.reachability ? n.reachability + (n.reachability_reason ? ` (${n.reachability_reason})` : "") : "starting", `connections ${n.connections_direct} direct, ${n.connections_relayed} relayed; DHT table ${n.routing_table}` + (n.autonat ? `; peers' dial-backs: ${n.autonat}` : "")],
     ]);
   }
 
