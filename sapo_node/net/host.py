@@ -1518,7 +1518,8 @@ class Network:
                 answers=self.autonat_answers,
             )
             return
-        UNREACHABLE.update(addrs)
+        # the addresses peers elsewhere failed at; LAN peers still see the LAN ones
+        UNREACHABLE.update(a for a in addrs if not reach.is_lan_addr(a))
         self.reachability, self.reason = "private", "autonat"
         REACHABILITY[0] = "private"
         if self.dht is not None:
