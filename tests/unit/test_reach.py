@@ -74,3 +74,38 @@ def test_the_signed_peer_record_of_a_private_node_holds_no_lan_address(monkeypat
     monkeypatch.setattr(net_host, "REACHABILITY", ["private"])
     _, record = consume_envelope(pubsub.env_to_send_in_RPC(node)[0], "libp2p-peer-record")
     assert {str(a) for a in record.addrs} == {wan}
+
+
+def test_autonat_needs_two_hosts_failing_and_none_reaching_to_call_a_node_private() -> None:
+    from sapo_node.net.autonat import FAILED, OK, tcp_target, verdict
+
+    a, b = "198.18.0.1", "198.18.0.2"
+    assert verdict([]) is None
+    assert verdict([(a, FAILED)]) is None  # one server's word is not enough
+    assert verdict([(a, FAILED), (a, FAILED)]) is None  # nor one host's, twice
+    assert verdict([(a, FAILED), (b, FAILED)]) == "private"
+    assert verdict([(a, FAILED), (b, FAILED), ("198.18.0.3", OK)]) == "public"
+    assert verdict([(a, OK)]) == "public"  # a dial-back that reached it proves it
+    assert verdict([(a, 101), (b, 101)]) is None  # refusals (no address to try) say nothing
+    # only direct TCP addresses are dialled back
+    import multiaddr
+
+    raw = lambda s: multiaddr.Multiaddr(s).to_bytes()  # noqa: E731
+    assert tcp_target(raw("/ip4/198.18.4.2/tcp/4141")) == ("198.18.4.2", 4141)
+    assert tcp_target(raw("/ip4/198.18.0.1/tcp/4001/p2p-circuit")) is None
+    assert tcp_target(raw("/ip4/198.18.4.2/udp/4141")) is None
+
+
+def test_a_node_autonat_turned_private_shows_peers_elsewhere_only_its_relayed_addresses(
+    monkeypatch,
+) -> None:
+    from sapo_node.net import host as net_host
+
+    public, lan = "/ip4/203.0.113.7/tcp/4141", "/ip4/192.168.1.20/tcp/4141"
+    relayed = "/ip4/198.18.0.1/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"
+    monkeypatch.setattr(net_host, "REACHABILITY", ["private"])
+    monkeypatch.setattr(net_host, "UNREACHABLE", {public})
+    monkeypatch.setattr(net_host, "RELAYED", [relayed])
+    mine = [f"{public}/p2p/12D3KooWMe", lan]
+    assert net_host.shown_addrs(mine, "198.18.0.9") == [relayed]
+    assert net_host.shown_addrs(mine, "192.168.1.9") == [lan, relayed]  # its LAN
