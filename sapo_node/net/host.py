@@ -123,7 +123,10 @@ RELAY_GRACE_S = 10.0  # a relayed connection closes this long after a punch repl
 # pool's job, for its max_age_s.
 SEEN_TTL_S = 120
 STALE_S = 15.0  # a connection without a pubsub stream this long is dropped and redialled
-PROVIDE_EVERY_S = 60.0
+# A public node announces its topics in the DHT again this often, and whenever peers it
+# has not announced to connect (records live 48 h; each announcement is a lookup that
+# every peer it asks pays for, and at 24 nodes the DHT was a large share of the CPU).
+PROVIDE_EVERY_S = 600.0
 # A node with at least the mesh degree of its topics' members connected looks their
 # providers up this often, not every pass: each lookup costs every peer it asks, and at
 # 24 nodes the DHT was a quarter of a member's network CPU (docs/scale.md).
@@ -1299,7 +1302,7 @@ class Network:
         # The swarm's key (every node's, also before shards), and in a sharded swarm each
         # joined shard's: a node finds its shards' members among their providers.
         keys = [dht_key(t) for t in self.topics if t != self.topic] + [dht_key(self.topic)]
-        last_provide, provided_to = -PROVIDE_EVERY_S, set()
+        last_provide, provided_to, provided_relayed = -PROVIDE_EVERY_S, set(), list(RELAYED)
         last_lookup = -LOOKUP_EVERY_S
         self.alone_since = trio.current_time()
         while True:
@@ -1321,10 +1324,11 @@ class Network:
                         with contextlib.suppress(Exception):
                             await self.dht.add_peer(peer)
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
-                    # Announce again each minute, and as soon as new peers connect: an
-                    # announcement made while alone reached nobody.
+                    # Announce again every PROVIDE_EVERY_S, as soon as new peers connect (an
+                    # announcement made while alone reached nobody), and when this node's
+                    # relayed addresses changed.
                     due = trio.current_time() - last_provide >= PROVIDE_EVERY_S
-                    fresh = due or not connected <= provided_to
+                    fresh = due or not connected <= provided_to or provided_relayed != RELAYED
                     # a private node announces only its addresses through relays
                     dialable = self.reachability != "private" or RELAYED
                     if connected and fresh and dialable:
@@ -1332,6 +1336,7 @@ class Network:
                             with contextlib.suppress(Exception):
                                 if await self.dht.provide(key):
                                     last_provide, provided_to = trio.current_time(), connected
+                                    provided_relayed = list(RELAYED)
                     due = trio.current_time() - last_lookup >= LOOKUP_EVERY_S
                     if due or self._short_of_members(connected):
                         last_lookup = trio.current_time()
