@@ -345,7 +345,8 @@ class TrainSection(_Section):
         description="Unset: J is external_groups every round. A number: J is chosen each "
         "round between 0 and it, I + J staying local_groups + external_groups, from the "
         "moving share of this node's own groups with signal: fewer with signal, more from "
-        "the swarm (sapo_node/mix.py). A node alone takes none, as with J = 0.",
+        "the swarm (sapo_node/mix.py). A node alone takes none, as with J = 0. Measured: no "
+        "gain over a fixed J (docs/results/teaching-cpu/).",
     )
     optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
     optimizer_state: Literal["bfloat16", "float32"] = Field(
@@ -433,7 +434,8 @@ class PoolSection(_Section):
         "uniform: any group; balanced: groups with signal, spread across authors and "
         "families, mixed rewards favoured; teaching: groups with signal, spread across "
         "authors, weighted by reward variance times this node's own recent failure rate "
-        "on the family (sapo_node/pool.py).",
+        "on the family (sapo_node/pool.py; measured against paper: no gain, "
+        "docs/results/teaching-cpu/).",
     )
     max_groups: int = Field(4096, ge=1, le=10_000_000, description="Most groups held.")
     max_mb: int = Field(256, ge=1, le=1_000_000, description="Most MiB of messages held.")
