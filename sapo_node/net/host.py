@@ -1065,7 +1065,7 @@ class Network:
                 topics = [self.publish_topics[turn % len(self.publish_topics)]]
                 if self.topics_before:
                     topics.append(self.topics_before[turn % len(self.topics_before)])
-                await self.pubsub.publish(topics if len(topics) > 1 else topics[0], frame[1])
+                await self.pubsub.publish(topics, frame[1])
                 COUNTERS.published += 1
             elif frame[0] == "penalise":
                 # Only a peer with a pubsub stream: a score is forgotten with the peer, and

@@ -21,14 +21,20 @@ from tests.support.nat_upnp import IGD_ACTIONS
 RUN_S = 150  # ~45 s quiet (six network processes start one after another), 75 s loaded
 
 
-@pytest.mark.timeout(RUN_S + 30)
-def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address() -> None:
+def checks_of(module: str, *args: str, timeout: float) -> dict:
+    """The checks of ``module`` run in namespaces of its own (skipped, with the reason,
+    where nftables or namespaces are missing); the test fails unless every one passed."""
     problem = nft_problem()
     if problem:
         pytest.skip(problem)
-    code, result, log = run_unshared("tests.support.nat_swarm", timeout=RUN_S)
+    code, result, log = run_unshared(module, *args, timeout=timeout)
     assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
-    checks = result["checks"]
+    return result["checks"]
+
+
+@pytest.mark.timeout(RUN_S + 30)
+def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address() -> None:
+    checks = checks_of("tests.support.nat_swarm", timeout=RUN_S)
     assert checks["reachability"] == {
         "pub1": "public",
         "pub2": "public",
@@ -62,15 +68,9 @@ def test_home_nodes_behind_nat_join_through_public_nodes_and_leak_no_lan_address
 def test_whole_nodes_behind_nat_take_each_others_groups(tiny_model_dir: Path) -> None:
     """The same NAT, with real `sapo-node start` processes: two relays (--no-train) on
     the wan and a tiny-model trainer in each home (tests/support/nat_nodes.py)."""
-    problem = nft_problem()
-    if problem:
-        pytest.skip(problem)
-    model = str(tiny_model_dir)
-    code, result, log = run_unshared(
-        "tests.support.nat_nodes", "--model", model, timeout=RUN_S + 30
+    checks = checks_of(
+        "tests.support.nat_nodes", "--model", str(tiny_model_dir), timeout=RUN_S + 30
     )
-    assert code == 0 and result["ok"], f"exit {code}: {result}"
-    checks = result["checks"]
     assert checks["each_takes_the_others_groups"]
     assert checks["reachability"] == {"h1": "private", "h2": "private"}
     assert checks["reason"] == {"h1": "nat", "h2": "nat"}  # UPnP asked, no router
@@ -83,13 +83,8 @@ def test_home_node_with_upnp_reads_public_and_is_dialled_directly() -> None:
     (tests/support/nat_upnp.py): the node with net.upnp on maps its port, reads public
     (reason upnp), announces the router's address and is dialled there by a public node,
     not through a relay; with upnp off, or no router to ask, a home node reads private."""
-    problem = nft_problem()
-    if problem:
-        pytest.skip(problem)
     # ~15 s quiet; 36 s measured with the machine's load at 35
-    code, result, log = run_unshared("tests.support.nat_upnp", timeout=120)
-    assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
-    checks = result["checks"]
+    checks = checks_of("tests.support.nat_upnp", timeout=120)
     assert checks["reachability"] == {
         "up": ["public", "upnp"],
         "off": ["private", "nat"],
@@ -104,12 +99,7 @@ def test_home_node_with_upnp_reads_public_and_is_dialled_directly() -> None:
 
 @pytest.mark.timeout(150)
 def test_a_firewalled_node_with_a_public_address_turns_private_by_autonat() -> None:
-    problem = nft_problem()
-    if problem:
-        pytest.skip(problem)
-    code, result, log = run_unshared("tests.support.nat_autonat", timeout=120)
-    assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
-    checks = result["checks"]
+    checks = checks_of("tests.support.nat_autonat", timeout=120)
     assert checks["verdict"] == {"fw": "private", "open": "public"}
     assert checks["reachability"]["fw"] == ["private", "autonat"]
     assert checks["relay_reserved"] and checks["routing_table_dropped_fw"] and checks["exchange"]
