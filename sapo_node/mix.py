@@ -12,10 +12,10 @@ later, all-right) takes more from the swarm, whose groups the pool keeps only wi
 under ``paper``, ``balanced`` and ``teaching``. A node alone, or with nothing pooled,
 takes nothing and makes I + J groups of its own: the same round as J = 0.
 
-Measured (docs/results/teaching-cpu/, pre-registered, 8 pairs): with ``answer_only`` on,
-adaptive J up to 4 collected 0.84x the reward of nodes alone (p = 0.055, both replicates
-lower): its premise, that the swarm teaches most when own groups lack signal, fails when
-a peer's group teaches only its answer. So it stays off by default.
+Measured (docs/results/teaching-cpu/, pre-registered): with ``answer_only`` on, adaptive J
+did no better than nodes alone, and leaned worse: its premise, that the swarm teaches most
+when own groups lack signal, fails when a peer's group teaches only its answer. So it
+stays off by default.
 """
 
 from __future__ import annotations

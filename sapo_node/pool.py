@@ -216,9 +216,8 @@ def sample_teaching(cands: Sequence[Candidate], count: int, rng: random.Random) 
       Turns cap what a hostile peer gains from that at its share of the authors (the
       per-peer cap and the suspects' joint cap apply on top, ``Pool.sample``).
     Cheap: no forward pass, one weighted draw per pick over the chosen author's groups.
-    Measured against ``paper`` (docs/results/teaching-cpu/, pre-registered, 8 pairs, one
-    family, so ``need`` was equal for every group): 0.91x, p = 0.16, no detectable
-    difference. Not the default.
+    Measured against ``paper`` (docs/results/teaching-cpu/, pre-registered, one family, so
+    ``need`` was equal for every group): no detectable difference. Not the default.
     """
     return _in_turns(
         cands,
