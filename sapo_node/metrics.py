@@ -16,6 +16,7 @@ node continued in the new names reads as new rows throughout.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import sys
@@ -100,6 +101,24 @@ def upgrade(row: dict[str, Any]) -> dict[str, Any]:
     return {renamed(k): v for k, v in row.items()}
 
 
+def finite_or_null(value: Any) -> Any:
+    """``value`` with every non-finite float in it (NaN, infinities), at any depth, as None.
+
+    JSON has no NaN, and a round may carry one: a step skipped for a non-finite gradient
+    still records its loss. Such a figure is written as null, as an absent one is.
+
+    >>> finite_or_null({"train/loss": float("nan"), "x": [1.5, float("inf")], "n": 2})
+    {'train/loss': None, 'x': [1.5, None], 'n': 2}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
 class MetricsLog:
     """Append-only JSON lines, truncatable to a checkpoint's offset."""
 
@@ -118,7 +137,8 @@ class MetricsLog:
                 f.truncate(offset)
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+        """Write ``record`` as one line; non-finite figures as null (:func:`finite_or_null`)."""
+        line = json.dumps(finite_or_null(record), separators=(",", ":"), allow_nan=False) + "\n"
         with self.path.open("a", encoding="utf-8") as f:
             f.write(line)
             f.flush()

@@ -69,7 +69,7 @@ from sapo_node import __version__
 from sapo_node.checkpoint import write_text_atomic
 from sapo_node.config import Config, parse_host_port
 from sapo_node.history import MAX_POINTS, History
-from sapo_node.metrics import upgrade
+from sapo_node.metrics import finite_or_null, upgrade
 
 log = structlog.get_logger(__name__)
 
@@ -412,7 +412,8 @@ def static_file(name: str) -> tuple[int, str, bytes]:
 
 
 def json_body(body: Any) -> bytes:
-    return json.dumps(body, indent=1).encode() + b"\n"
+    """``body`` as JSON, a non-finite figure as null (a browser's JSON has no NaN)."""
+    return json.dumps(finite_or_null(body), indent=1, allow_nan=False).encode() + b"\n"
 
 
 def points_of(query: dict[str, list[str]]) -> int:

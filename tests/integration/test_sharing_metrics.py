@@ -206,3 +206,39 @@ def test_a_skipped_step_records_no_norm_and_still_serialises(
     assert rec["train/steps"] == 0
     assert rec["train/grad_norm"] is None
     assert rec["train/grad_norm_max"] is None and rec["train/grad_clipped"] is None
+
+
+def test_a_nan_loss_is_recorded_as_null_and_the_node_runs_on(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 47: the loss itself is NaN (as from a model that overflowed), so its gradient
+    is too and the step is skipped. The round is still recorded, its loss and norm as null,
+    and ``Node.run`` goes on to the configured total instead of dying on the write."""
+    from sapo_node import grpo
+
+    real = grpo.clipped_surrogate
+
+    def nan_loss(*args, **kwargs):
+        loss, info = real(*args, **kwargs)
+        return loss * math.nan, info
+
+    monkeypatch.setattr(grpo, "clipped_surrogate", nan_loss)
+    overrides = sevens_overrides(
+        tiny_model_dir,
+        tmp_path / "n",
+        node={"seed": 4, "rounds": 4, "checkpoint_every": 2},
+        train={"lr": 1e-2, "local_groups": 4, "external_groups": 0},
+    )
+    node = Node(load_config(overrides=overrides, environ={}))
+    try:
+        assert node.run() == 4
+    finally:
+        node.close()
+    rows = read_metrics(tmp_path / "n" / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]
+    stepped = [r for r in rows if r["train/sequences"]]
+    assert stepped, "no round had a group with signal"
+    for r in stepped:
+        assert r["train/loss"] is None and r["train/grad_norm"] is None
+        assert r["train/steps"] == 0 and r["train/skipped_steps"] == 1
+    assert node.last_record is not None

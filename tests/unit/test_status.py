@@ -18,7 +18,15 @@ from sapo_node.cli import main
 from sapo_node.config import load_config, parse_host_port
 from sapo_node.net.memory import MemoryHub
 from sapo_node.node import Progress
-from sapo_node.status import STATUS_FILE, Status, StatusError, StatusServer, read_status, summary
+from sapo_node.status import (
+    STATUS_FILE,
+    Status,
+    StatusError,
+    StatusServer,
+    json_body,
+    read_status,
+    summary,
+)
 from tests.support.cli import run_cli
 
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -149,3 +157,16 @@ def test_the_default_address_taken_serves_on_a_free_port_and_another_is_an_error
             assert not server.url.endswith(taken.split(":")[1])
         finally:
             server.close()
+
+
+def test_a_non_finite_figure_is_served_as_null() -> None:
+    """Issue 47: a skipped step's NaN loss reaches the last round's record; the page's
+    JSON (which has no NaN) gets null there, not a body a browser cannot parse."""
+
+    def strict(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+    body = json_body({"last_round": {"train/loss": float("nan"), "x": [float("-inf"), 1.0]}})
+    assert json.loads(body, parse_constant=strict) == {
+        "last_round": {"train/loss": None, "x": [None, 1.0]}
+    }
