@@ -264,6 +264,7 @@ def identity(
 ) -> None:
     """Print this node's peer ID and the addresses to give others (--bootstrap); creates
     the identity key on first use."""
+    from sapo_node import wire
     from sapo_node.net import NetError
     from sapo_node.net import identity as ident
     from sapo_node.net.host import announced_addresses
@@ -283,7 +284,7 @@ def identity(
     reachability = decide(cfg.net.reachability, cfg.net.announce, addrs)
     typer.echo(f"reachability: {reachability}  ({REACHABILITY_NOTE[reachability]})")
     if cfg.net.shards > 1:
-        shards = ident.shards(peer, cfg.net.shards, cfg.net.shards_joined)
+        shards = wire.shards_of(ident.id_bytes(peer), cfg.net.shards, cfg.net.shards_joined)
         typer.echo(
             f"shards: {', '.join(map(str, shards))} of {cfg.net.shards}  (from the peer ID; "
             "the first is its home shard)"

@@ -35,6 +35,7 @@ log = structlog.get_logger(__name__)
 VERSION = 1
 NET_FILE = "peers-net.json"
 DEFENCE_FILE = "peers-defence.json"
+MAX_BANNED = 10_000  # bans kept, by the network process and in NET_FILE
 
 
 class StateError(ValueError):

@@ -11,6 +11,7 @@ its regenerated task, the rewards) is checked by the receiver (intake.py).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -116,24 +117,26 @@ def shard_topic(swarm: str, shard: int, shards: int) -> str:
     return base if shards == 1 else f"{base}/shard-{shard}-of-{shards}"
 
 
-def shards_of(peer: bytes, shards: int, joined: int) -> list[int]:
+@functools.lru_cache(maxsize=10_000)
+def shards_of(peer: bytes, shards: int, joined: int) -> tuple[int, ...]:
     """The shards a peer joins: of ``shards``, the ``joined`` (all, if that is more)
     whose SHA-256 of the peer ID's bytes followed by the shard's number (4 bytes,
     big-endian) is least, least first (rendezvous hashing: every node computes any
     peer's shards from its ID, and each shard is joined by a share ``joined/shards`` of
-    the peers, whoever they are). The first is the peer's home shard.
+    the peers, whoever they are). The first is the peer's home shard. Remembered for
+    the last 10,000 asked: the network process asks for each peer it may dial, each pass.
 
     >>> shards_of(b"any peer", 1, 2)
-    [0]
+    (0,)
     >>> sorted(shards_of(b"any peer", 4, 9))
     [0, 1, 2, 3]
     """
     if shards <= 1:
-        return [0]
+        return (0,)
     weights = sorted(
         (hashlib.sha256(peer + i.to_bytes(4, "big")).digest(), i) for i in range(shards)
     )
-    return [i for _, i in weights[: min(joined, shards)]]
+    return tuple(i for _, i in weights[: min(joined, shards)])
 
 
 def shard_topics(swarm: str, peer: bytes, shards: int, joined: int) -> list[str]:

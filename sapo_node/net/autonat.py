@@ -1,4 +1,4 @@
-"""AutoNAT v1: whether peers elsewhere can really dial this node (issue 30, trap 21).
+"""AutoNAT v1: whether peers elsewhere can really dial this node (issue 30).
 
 A node with an address outside the LAN ranges (a VPS) or a port mapped by its home
 router (UPnP) reads public at start (net/reach.py). A firewall, a cloud security group
@@ -14,15 +14,15 @@ So such a node asks public peers to dial it back, on py-libp2p's AutoNAT v1
   announced address peers could not dial.
 - one peer dialled it back: it is public, confirmed (``/status``: ``autonat``).
 
-trap 21: the library's server answers a dial-back request with ``host.connect``, which
-returns at once when a connection to the asker is open, and it always is: the request
-came over it. Every asker heard OK, firewalled or not. :class:`SwarmAutoNAT` dials back
-on a fresh TCP connection from an ephemeral port (never the connection the request came
-on, nor the listen port, which a NAT keeping ports would map to that same connection),
-and counts it a success only when the Noise handshake proves the asker's peer ID. It
-dials only addresses on the asker's observed IP (the library's rule: no amplification),
-only for the peer that asked, and within rate limits (a peer's request once a minute,
-PER_MINUTE requests in all).
+The library's server answers a dial-back request with ``host.connect``, which returns
+at once when a connection to the asker is open, and it always is: the request came over
+it. Every asker heard OK, firewalled or not (docs/libp2p.md#autonat-dial-back).
+:class:`SwarmAutoNAT` dials back on a fresh TCP connection from an ephemeral port
+(never the connection the request came on, nor the listen port, which a NAT keeping
+ports would map to that same connection), and counts it a success only when the Noise
+handshake proves the asker's peer ID. It dials only addresses on the asker's observed
+IP (the library's rule: no amplification), only for the peer that asked, and within
+rate limits (a peer's request once a minute, PER_MINUTE requests in all).
 
 Dial-backs from distinct IPs are what the verdict counts: one host of many identities
 counts once. A lying server can only say "failed" (two agreeing from two IPs demote a
@@ -62,9 +62,10 @@ OK, FAILED = int(Message.OK), int(Message.E_DIAL_ERROR)
 
 
 class SwarmAutoNAT(AutoNATService):
-    """py-libp2p's AutoNAT service with trap 21 answered: the server's dial-back is a
+    """py-libp2p's AutoNAT service with its dial-back fixed: the server's dial-back is a
     fresh connection that proves the asker's identity, only for the asker itself, and
-    rate-limited. ``serve`` says whether this node answers (a public node)."""
+    rate-limited (docs/libp2p.md#autonat-dial-back). ``serve`` says whether this node
+    answers (a public node)."""
 
     def __init__(self, host, *, serve: bool) -> None:
         super().__init__(host, serve=serve)
@@ -111,7 +112,7 @@ class SwarmAutoNAT(AutoNATService):
                 await stream.close()
 
     async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
-        """trap 21: a new TCP connection from an ephemeral port, and a Noise handshake
+        """A new TCP connection from an ephemeral port, and a Noise handshake
         that proves ``peer_id``; then closed. None if no address answered so."""
         upgrader = self.host.get_network().upgrader
         for raw in addrs[:MAX_ADDRS]:

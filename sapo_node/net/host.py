@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import hashlib
 import logging
 import math
@@ -106,7 +105,6 @@ INBOUND_RPC_LIMIT = 8 * 2**20  # trap 5: above js-libp2p's 4 MiB; the real cap i
 EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (trap 8)
 EXCUSED_MEMORY = 8192  # ids of messages refused through no sender's fault
 BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
-MAX_BANNED = 10_000
 MAX_PENALISED = 10_000  # peers whose score penalties are remembered beyond their connection
 MAX_BACKOFF = 10_000  # peers whose redial delay is remembered
 SCORE_DECAY = 0.999  # per 1 s heartbeat, of invalid messages and behaviour penalties
@@ -895,7 +893,8 @@ class Network:
         # processes and node runs come back in the settings (peerstate.py).
         self.banned: OrderedDict[ID, float] = OrderedDict()
         now = time.time()
-        for peer, until in peerstate.deadlines(settings.get("banned"), now, MAX_BANNED).items():
+        saved = peerstate.deadlines(settings.get("banned"), now, peerstate.MAX_BANNED)
+        for peer, until in saved.items():
             with contextlib.suppress(Exception):
                 self.banned[ID.from_base58(peer)] = until
         self.pubsub.blacklisted_peers.update(self.banned)
@@ -915,10 +914,10 @@ class Network:
 
     # --- shards (docs/scale.md) -------------------------------------------------------
 
-    def shards_of(self, peer: ID) -> list[int]:
+    def shards_of(self, peer: ID) -> tuple[int, ...]:
         """The shards ``peer`` joins, by the swarm's rule (wire.shards_of): any node
         computes them from the peer's ID, so it knows whom to dial for its own."""
-        return _shards_of(peer.to_bytes(), self.shard_count, self.shards_joined)
+        return wire.shards_of(peer.to_bytes(), self.shard_count, self.shards_joined)
 
     def topic_peers(self) -> set[ID]:
         """Peers subscribed to any topic this node joined."""
@@ -1283,7 +1282,7 @@ class Network:
                     ihave_spam=round(sc.ihave_spam_penalties.get(peer, 0.0), 2),
                     equivocation=round(sc.equivocation_penalties.get(peer, 0.0), 2),
                 )
-        while len(self.banned) > MAX_BANNED:
+        while len(self.banned) > peerstate.MAX_BANNED:
             self._unban(self.banned.popitem(last=False)[0])
         for peer, until in list(self.banned.items()):
             if until <= now:
@@ -1668,11 +1667,6 @@ class Network:
                     log.debug("relayed dial failed", peer=peer.pretty(), error=str(exc)[:200])
         self.backoff[peer] = (now + delay, min(delay * 2, 300.0))
         return False
-
-
-@functools.lru_cache(maxsize=MAX_BACKOFF)
-def _shards_of(peer: bytes, shards: int, joined: int) -> tuple[int, ...]:
-    return tuple(wire.shards_of(peer, shards, joined))
 
 
 def prune_backoff(

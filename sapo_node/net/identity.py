@@ -64,9 +64,6 @@ def peer_id(key_pair: KeyPair) -> str:
     return ID.from_pubkey(key_pair.public_key).to_base58()
 
 
-def shards(peer: str, count: int, joined: int) -> list[int]:
-    """The shards (of ``count``) that the peer of base58 ID ``peer`` joins
-    (wire.shards_of, over the ID's bytes)."""
-    from sapo_node import wire
-
-    return wire.shards_of(ID.from_base58(peer).to_bytes(), count, joined)
+def id_bytes(peer: str) -> bytes:
+    """The bytes of the peer ID whose base58 text is ``peer`` (what wire.shards_of takes)."""
+    return ID.from_base58(peer).to_bytes()

@@ -1,9 +1,9 @@
 """Whether a TCP port can be listened on: the probe that ``start``, the network process
 and ``doctor`` share.
 
-trap 11 (LIBP2P.md): py-libp2p binds with SO_REUSEPORT, so a second node on the same
-port starts without error and receives nothing. So the port is bound here first, as the
-host binds it (SO_REUSEADDR, then listen), and released at once.
+py-libp2p binds with SO_REUSEPORT, so a second node on the same port starts without
+error and receives nothing (docs/libp2p.md#port-check). So the port is bound here first,
+as the host binds it (SO_REUSEADDR, then listen), and released at once.
 """
 
 from __future__ import annotations

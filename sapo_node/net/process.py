@@ -49,7 +49,6 @@ log = structlog.get_logger("sapo_node.net")
 
 _COUNTED = ("received", "rejected", "bytes_in", "bytes_out")
 _CURRENT = ("connections_direct", "connections_relayed", "routing_table", "dht_lan_addrs")
-MAX_BANNED = 10_000  # as the network process's own bound (host.py)
 
 
 class Libp2pTransport:
@@ -69,7 +68,7 @@ class Libp2pTransport:
         self.peer_id = identity.peer_id(key)
         # The shard topics this node joins (docs/scale.md), its home shard's first: with
         # one shard, the swarm's single topic.
-        self.shards = identity.shards(self.peer_id, net.shards, net.shards_joined)
+        self.shards = wire.shards_of(identity.id_bytes(self.peer_id), net.shards, net.shards_joined)
         self.topics = [wire.shard_topic(net.swarm, i, net.shards) for i in self.shards]
         self.topic = self.topics[0]
         # While the swarm changes its shard count: this node's shards of the count before
@@ -77,7 +76,9 @@ class Libp2pTransport:
         topics_before = (
             [
                 wire.shard_topic(net.swarm, i, net.shards_before)
-                for i in identity.shards(self.peer_id, net.shards_before, net.shards_joined)
+                for i in wire.shards_of(
+                    identity.id_bytes(self.peer_id), net.shards_before, net.shards_joined
+                )
             ]
             if net.shards_before
             else []
@@ -111,7 +112,9 @@ class Libp2pTransport:
         # What the network process knows of peers, kept across its restarts and the node's.
         self.state_path = data_dir / peerstate.NET_FILE
         saved = peerstate.load(self.state_path, "net")
-        self.settings["banned"] = peerstate.deadlines(saved.get("banned"), time.time(), MAX_BANNED)
+        self.settings["banned"] = peerstate.deadlines(
+            saved.get("banned"), time.time(), peerstate.MAX_BANNED
+        )
         self.settings["penalties"] = saved.get("penalties") or {}
         if self.settings["banned"] or self.settings["penalties"]:
             log.info(

@@ -7,7 +7,7 @@ It then announces ``/ip4/<the router's external IP>/tcp/<port>`` and is public (
 the mapping, or the router's external address is itself a LAN one (a double NAT, or
 carrier-grade NAT: 100.64/10): the node stays private, with one log line saying which.
 
-trap 19: py-libp2p 0.8.1 has a UPnP helper (``libp2p.discovery.upnp.UpnpManager``) but
+py-libp2p 0.8.1 has a UPnP helper (``libp2p.discovery.upnp.UpnpManager``) but
 is not used here. miniupnpc raises an exception reading "Success" when *no* device
 answered, which it counts as one found; it judges the external IP with
 ``ipaddress.is_private``, which calls 198.18/15 private and 100.64/10 (carrier-grade
@@ -16,7 +16,7 @@ crashed keeps the port open on the router) and never renews; its blocking calls 
 threads trio cannot abandon, so a bound around its discovery waits for miniupnpc's own
 (4 s here with no router); and it does not advertise the address it mapped. Each
 would need a patch, so the few miniupnpc calls it wraps are made here, in one thread,
-abandoned at the bound.
+abandoned at the bound (docs/libp2p.md#upnp).
 
 A mapping is leased (``LEASE_S``) and renewed at half its lease, so that a node that
 dies leaves nothing open for long; a node that stops deletes it (best effort, bounded).

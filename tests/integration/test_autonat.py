@@ -1,6 +1,7 @@
-"""AutoNAT's server side for real (net/autonat.py, trap 21): a node's network process on
-loopback answers dial-back requests from peers written straight against py-libp2p (its
-own AutoNAT client), and an OK means a fresh connection reached the asker, as itself.
+"""AutoNAT's server side for real (net/autonat.py, docs/libp2p.md#autonat-dial-back): a
+node's network process on loopback answers dial-back requests from peers written
+straight against py-libp2p (its own AutoNAT client), and an OK means a fresh connection
+reached the asker, as itself.
 
 The library's server answered OK to every asker (its dial-back returned on the open
 connection): here an asker whose address nobody listens on, or where another peer

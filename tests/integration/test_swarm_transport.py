@@ -256,8 +256,8 @@ def test_garbage_pubsub_frames_crash_nobody(swarm):
 
 @pytest.mark.timeout(240)
 def test_a_peer_joining_mid_stream_of_big_messages_crashes_nobody(swarm):
-    """trap 2: the replay of recent messages to a newcomer and the queued ones must not
-    interleave their writes on one stream."""
+    """docs/libp2p.md#serialised-writes: the replay of recent messages to a newcomer and
+    the queued ones must not interleave their writes on one stream."""
     pool = PoolSection(rate_per_author=1000.0, burst_per_author=1000)
     a = swarm.start("a", pool=pool)
     b = swarm.start("b", to=a, pool=pool)
@@ -602,8 +602,8 @@ def test_a_killed_network_process_is_restarted_with_the_same_identity_and_addres
 
 @pytest.mark.timeout(180)
 def test_sequence_numbers_survive_a_quick_restart(swarm):
-    """trap 7: seqnos counted from the clock in seconds repeat after a restart within
-    seconds, and the receiver drops the new messages as already seen."""
+    """docs/libp2p.md#sequence-numbers: seqnos counted from the clock in seconds repeat
+    after a restart within seconds, and the receiver drops the new messages as already seen."""
     receiver = swarm.start("receiver")
     publisher = swarm.start("publisher", to=receiver)
     wait_until(meshed(receiver, publisher), MESH_S, "one mesh")

@@ -50,8 +50,9 @@ def test_a_private_node_shows_outsiders_no_lan_address() -> None:
 
 
 def test_the_signed_peer_record_of_a_private_node_holds_no_lan_address(monkeypatch) -> None:
-    """trap 16: the record py-libp2p attaches to pubsub, DHT and identify messages is
-    signed over what a stranger may see, not over ``host.get_addrs()`` whole."""
+    """docs/libp2p.md#addresses-shown-to-peers: the record py-libp2p attaches to pubsub,
+    DHT and identify messages is signed over what a stranger may see, not over
+    ``host.get_addrs()`` whole."""
     import multiaddr
     from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair

@@ -68,7 +68,7 @@ def test_a_peer_ids_shards_are_those_of_its_bytes(tmp_path: Path) -> None:
     peer = identity.peer_id(identity.load_or_create(tmp_path))
     from libp2p.peer.id import ID
 
-    assert identity.shards(peer, 64, 2) == wire.shards_of(ID.from_base58(peer).to_bytes(), 64, 2)
+    assert identity.id_bytes(peer) == ID.from_base58(peer).to_bytes()
 
 
 def test_the_swarm_file_sets_the_shards_and_a_user_may_not_change_them(tmp_path: Path) -> None:
@@ -126,5 +126,5 @@ def test_identity_prints_a_nodes_shards_in_a_sharded_swarm(tmp_path: Path, capsy
     config = write(tmp_path / "c.toml", "[net]\nshards = 64\nshards_joined = 3\n")
     main([*argv, "--config", str(config)])
     peer = identity.peer_id(identity.load_or_create(tmp_path))
-    joined = ", ".join(map(str, identity.shards(peer, 64, 3)))
+    joined = ", ".join(map(str, wire.shards_of(identity.id_bytes(peer), 64, 3)))
     assert f"shards: {joined} of 64" in capsys.readouterr().out
