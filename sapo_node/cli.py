@@ -69,6 +69,7 @@ def _overrides(**flags: Any) -> dict[str, Any]:
         "lora": ("model", "lora", "enabled"),
         "swarm": ("net", "swarm"),
         "swarm_file": ("net", "swarm_file"),
+        "allow_swarm_code": ("net", "allow_swarm_code"),
         "listen": ("net", "listen"),
         "announce": ("net", "announce"),
         "bootstrap": ("net", "bootstrap"),
@@ -132,6 +133,14 @@ def _node_options(
         typer.Option(
             help="A swarm's published file (TOML): its name, bootstrap peers, tasks and "
             "recommended config, laid under your own config."
+        ),
+    ] = None,
+    allow_swarm_code: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-swarm-code",
+            help="Let the swarm file name custom task families (module:attr), which the node "
+            "imports and runs: only for a file whose source you trust.",
         ),
     ] = None,
     listen: Annotated[

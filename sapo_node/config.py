@@ -549,6 +549,12 @@ class NetSection(_Section):
         "bootstrap addresses (joined before these ones), tasks and recommended config, laid "
         "under this config; a relative path is relative to the working directory.",
     )
+    allow_swarm_code: bool = Field(
+        False,
+        description="Let the swarm file's [tasks] name custom families (module:attr), which "
+        "this node imports and runs as Python code: only for a file whose source you trust "
+        "(--allow-swarm-code; a swarm file cannot set it). false: such a file is refused.",
+    )
     listen: list[str] = Field(
         default_factory=lambda: ["/ip4/0.0.0.0/tcp/4141"],
         description="Multiaddrs to listen on (TCP); port 0 picks a free port.",

@@ -528,13 +528,16 @@ def check_identity_key(path: Path) -> Check:
 
 
 def check_swarm_file(cfg: Config) -> Check:
-    """The node's tasks against its swarm file's: with others it runs, but it and the
-    swarm refuse each other's groups."""
-    from sapo_node.swarmfile import tasks_warning
+    """The node's tasks against its swarm file's (with others it runs, but it and the
+    swarm refuse each other's groups), and the fields it recommends that it may not."""
+    from sapo_node.swarmfile import ignored_warning, tasks_warning
 
     differ = tasks_warning(cfg)
     if differ:
         return _warn("swarm file", differ, "drop your own [tasks] to follow the swarm's")
+    ignored = ignored_warning(cfg)
+    if ignored:
+        return _warn("swarm file", ignored, "ask its organiser to drop those fields")
     n = len(cfg.net.bootstrap)
     return _pass(
         "swarm file", f"{cfg.net.swarm_file}: swarm {cfg.net.swarm}, its tasks, {n} bootstrap"

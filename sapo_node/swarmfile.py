@@ -4,8 +4,8 @@ configs/swarms/example.toml).
 
 A small TOML file: ``[swarm]`` its name, the wire protocol's major version and bootstrap
 addresses; ``[tasks]`` the task set its receivers accept (the node config's ``[tasks]``);
-``[recommended]`` a model and config, any sections of the node config. ``load_config``
-lays it under the user's own config (``net.swarm_file``, ``--swarm-file``):
+``[recommended]`` a model and how to train it. ``load_config`` lays it under the user's
+own config (``net.swarm_file``, ``--swarm-file``):
 
     defaults < recommended < tasks, name, bootstrap < config file < environment < flags
 
@@ -14,6 +14,15 @@ then the user's), not replaced; and a user naming another swarm is an error, not
 override, since a node on another topic would follow nothing of the file. A user's own
 ``[tasks]`` wins too, but peers that follow the file then refuse its groups:
 ``tasks_warning`` says so once, at start.
+
+Whoever controls the file's source (a web server, a repository, a DNS name) writes it,
+so it may not weaken the node that reads it (docs/operations.md, "What a swarm file can
+and cannot do"): ``[recommended]`` takes effect only in the fields of ``RECOMMENDABLE``;
+any other field it sets is ignored, and ``ignored_warning`` names each one once, at
+start. A node goes on without them: it stays as safe as its user's own config left it.
+A custom family (``module:attr``) in the file's ``[tasks]`` would be imported and run:
+the file is refused unless the user allows it (``--allow-swarm-code``,
+``net.allow_swarm_code``), which a swarm file cannot set.
 """
 
 from __future__ import annotations
@@ -44,6 +53,41 @@ _NOT_RECOMMENDED = {
     ("net", "shards_before"): "[swarm] shards_before gives it",
     ("net", "swarm_file"): "a swarm file names no other",
 }
+
+# What [recommended] may set (protocol/SPEC.md section 2.1): the model and how the swarm
+# trains it. Never what guards the node (defence, pool, scoring's sandbox), exposes it
+# (net, status), places its files or runs it (node), nor what fits the user's machine
+# (memory and speed paths, dtype): the file's author knows none of that. A path names a
+# field, or a table whose fields all may be recommended.
+RECOMMENDABLE: frozenset[tuple[str, ...]] = frozenset(
+    {
+        ("model", "name"),
+        ("model", "lora"),
+        ("generation", "completions_per_task"),
+        ("generation", "max_new_tokens"),
+        ("generation", "temperature"),
+        ("generation", "top_p"),
+        ("generation", "top_k"),
+        ("curriculum",),
+        ("train", "local_groups"),
+        ("train", "external_groups"),
+        ("train", "external_max"),
+        ("train", "optimizer"),
+        ("train", "lr"),
+        ("train", "weight_decay"),
+        ("train", "betas"),
+        ("train", "grad_clip"),
+        ("train", "ppo_epochs"),
+        ("train", "eps_low"),
+        ("train", "eps_high"),
+        ("train", "kl_coef"),
+        ("train", "loss_norm"),
+        ("train", "advantage_scale"),
+        ("pool", "sampling"),
+        ("net", "shards_joined"),
+        ("eval",),
+    }
+)
 
 
 class _Table(BaseModel):
@@ -107,9 +151,18 @@ class SwarmFile(_Table):
     tasks: TasksSection
     recommended: Config = Field(
         default_factory=Config,
-        description="A recommended model and config: any sections of the node config but "
-        "[tasks], net.swarm, net.bootstrap and net.swarm_file (which the file gives).",
+        description="A recommended model and config, validated as the node config; only "
+        "the fields of RECOMMENDABLE take effect.",
     )
+
+    def recommendation(self) -> tuple[dict[str, Any], list[str]]:
+        """What ``[recommended]`` sets that a swarm file may set, as config data; and
+        the dotted names of the fields it sets that it may not (which are ignored)."""
+        return _split(self.recommended.model_dump(exclude_unset=True), ())
+
+    def custom_families(self) -> list[str]:
+        """The families of ``[tasks]`` that are Python code to import (``module:attr``)."""
+        return [f.name for f in self.tasks.families if ":" in f.name]
 
 
 def load_swarm_file(path: Path) -> SwarmFile:
@@ -148,6 +201,23 @@ def load_swarm_file(path: Path) -> SwarmFile:
         raise ConfigError(f"swarm file {path}: {_describe(exc)}") from None
 
 
+def _split(data: dict[str, Any], where: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    kept: dict[str, Any] = {}
+    ignored: list[str] = []
+    for key, value in data.items():
+        path = (*where, key)
+        if any(path[: len(p)] == p for p in RECOMMENDABLE):
+            kept[key] = value
+        elif isinstance(value, dict):  # a table: each field of it named, or kept
+            inner, more = _split(value, path)
+            if inner:
+                kept[key] = inner
+            ignored += more
+        else:
+            ignored.append(".".join(path))
+    return kept, ignored
+
+
 def _has(table: Any, where: tuple[str, ...]) -> bool:
     for key in where:
         if not isinstance(table, dict) or key not in table:
@@ -173,8 +243,19 @@ def under(swarm: SwarmFile, user: dict[str, Any], source: Path | str) -> dict[st
                 f"net.{key} is {mine!r} but swarm file {source} says {theirs}: a node on "
                 f"other shard topics would meet none of the swarm; drop net.{key}"
             )
+    user_tasks = user.get("tasks")
+    own_families = isinstance(user_tasks, dict) and "families" in user_tasks
+    custom = swarm.custom_families()
+    if custom and not own_families and net.get("allow_swarm_code") is not True:
+        raise ConfigError(
+            f"swarm file {source}: tasks.families names custom families {custom}, which "
+            "this node would import and run as Python code on the word of whoever "
+            "controls the file; pass --allow-swarm-code (net.allow_swarm_code) only if "
+            "you trust them and have the modules from a source you trust"
+        )
+    recommended, _ = swarm.recommendation()
     base = _deep_merge(
-        swarm.recommended.model_dump(exclude_unset=True),
+        recommended,
         {
             "tasks": swarm.tasks.model_dump(),
             "net": {
@@ -190,6 +271,22 @@ def under(swarm: SwarmFile, user: dict[str, Any], source: Path | str) -> dict[st
     if isinstance(theirs, list):  # else left to the config's validation
         out["net"]["bootstrap"] = list(dict.fromkeys([*swarm.swarm.bootstrap, *theirs]))
     return out
+
+
+def ignored_warning(cfg: Config) -> str | None:
+    """The line ``start`` logs when ``cfg``'s swarm file recommends fields that a swarm
+    file may not set: they were ignored, and the node runs on its user's own values."""
+    if cfg.net.swarm_file is None:
+        return None
+    _, ignored = load_swarm_file(cfg.net.swarm_file).recommendation()
+    if not ignored:
+        return None
+    return (
+        f"swarm file {cfg.net.swarm_file} recommends {', '.join(ignored)}: ignored, since a "
+        "swarm file may recommend only the model and how to train it, nothing that guards, "
+        "exposes or places this node (protocol/SPEC.md section 2.1); set it in your own "
+        "config if you want it"
+    )
 
 
 def tasks_warning(cfg: Config) -> str | None:

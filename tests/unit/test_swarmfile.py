@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sapo_node.config import ConfigError, TasksSection, load_config
+from sapo_node.config import Config, ConfigError, TasksSection, load_config
 from sapo_node.doctor import check_swarm_file
-from sapo_node.swarmfile import load_swarm_file, tasks_warning
+from sapo_node.swarmfile import RECOMMENDABLE, ignored_warning, load_swarm_file, tasks_warning
+from sapo_node.tasks import get_family
 from sapo_node.wire import PROTOCOL_VERSION
 from tests.support.cli import run_cli
 
@@ -222,3 +226,139 @@ def test_a_bad_swarm_file_is_a_usage_error(tmp_path: Path, capsys, command: str)
     )
     code, _, err = run_cli([command, "--swarm-file", str(bad)], capsys)
     assert code == 2 and err.count("\n") == 1 and "upgrade sapo-node" in err
+
+
+# --- what a swarm file may not do (docs/operations.md, "What a swarm file can and cannot do")
+
+DISARMING = """
+[recommended.defence]
+enabled = false
+[recommended.status]
+listen = "0.0.0.0:9141"
+[recommended.node]
+data_dir = "/tmp/elsewhere"
+[recommended.pool]
+accept_unregenerable = true
+sampling = "uniform"
+[recommended.scoring]
+memory_mb = 100000
+[recommended.net]
+upnp = true
+reachability = "public"
+allow_swarm_code = true
+shards_joined = 3
+[recommended.model]
+name = "embedded"
+gradient_checkpointing = false
+[recommended.model.lora]
+enabled = true
+r = 8
+"""
+
+
+def test_recommended_fields_that_could_weaken_a_node_are_ignored_and_named(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "disarm.toml", SWARM + DISARMING)
+    cfg = load_config(overrides={"net": {"swarm_file": path}}, environ={})
+    default = load_config(environ={})
+    assert cfg.defence.enabled is True and cfg.status.listen == default.status.listen
+    assert cfg.node.data_dir is None and cfg.pool.accept_unregenerable is False
+    assert cfg.scoring.memory_mb == default.scoring.memory_mb
+    assert cfg.net.reachability == "auto" and cfg.net.allow_swarm_code is False
+    assert cfg.model.gradient_checkpointing is True
+    # what the swarm may recommend still holds, beside them
+    assert (cfg.train.lr, cfg.generation.max_new_tokens) == (2e-5, 128)
+    assert cfg.pool.sampling == "uniform"
+    assert (cfg.net.shards_joined, cfg.model.lora.enabled, cfg.model.lora.r) == (3, True, 8)
+    line = ignored_warning(cfg)
+    assert line is not None and str(path) in line and "\n" not in line
+    named = line.split(" recommends ")[1].split(": ignored")[0].split(", ")
+    assert sorted(named) == sorted(
+        [
+            "defence.enabled",
+            "status.listen",
+            "node.data_dir",
+            "pool.accept_unregenerable",
+            "scoring.memory_mb",
+            "net.upnp",
+            "net.reachability",
+            "net.allow_swarm_code",
+            "model.gradient_checkpointing",
+        ]
+    )
+    check = check_swarm_file(cfg)
+    assert check.status == "WARN" and "defence.enabled" in check.found
+    # the user's own config still sets any of them
+    cfg = load_config(
+        overrides={"net": {"swarm_file": path}, "defence": {"enabled": False}}, environ={}
+    )
+    assert cfg.defence.enabled is False
+
+
+def test_a_file_that_recommends_only_what_it_may_warns_of_nothing(swarm_file: Path) -> None:
+    cfg = config(swarm_file)
+    assert ignored_warning(cfg) is None and check_swarm_file(cfg).status == "PASS"
+
+
+def test_every_recommendable_field_is_a_config_field_and_listed_in_the_spec() -> None:
+    spec = (EXAMPLE.parents[2] / "protocol" / "SPEC.md").read_text(encoding="utf-8")
+    row = next(line for line in spec.splitlines() if line.startswith("| `recommended` |"))
+    allowed = row.split(" namely ")[1].split(" Any other field ")[0]
+    listed = set(re.findall(r"`([a-z_.]+)`", allowed))
+    assert listed == {".".join(p) for p in RECOMMENDABLE}
+    for path in RECOMMENDABLE:
+        section: Any = Config()
+        for name in path:
+            section = getattr(section, name)  # AttributeError: not a field
+
+
+PAYLOAD = """
+import pathlib
+pathlib.Path({marker!r}).write_text("imported")
+
+class Family:
+    def make(self, ref):
+        raise ValueError("no tasks")
+
+    def score(self, task, completion):
+        return 0.0
+"""
+
+
+@pytest.fixture
+def payload(tmp_path: Path, monkeypatch) -> Path:
+    """A module ``swarm_payload`` on the path that leaves ``imported`` when imported;
+    the marker's path."""
+    marker = tmp_path / "imported"
+    (tmp_path / "mods").mkdir()
+    write(tmp_path / "mods" / "swarm_payload.py", PAYLOAD.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    yield marker
+    sys.modules.pop("swarm_payload", None)
+    get_family.cache_clear()
+
+
+def test_a_files_custom_family_is_refused_unless_the_user_allows_it(
+    tmp_path: Path, payload: Path, capsys
+) -> None:
+    text = SWARM.replace('name = "basic_arithmetic"', 'name = "swarm_payload:Family"')
+    path = write(tmp_path / "custom.toml", text + "[recommended.net]\nallow_swarm_code = true\n")
+    user = write(tmp_path / "user.toml", f'[net]\nswarm_file = "{path}"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(user, environ={})
+    msg = str(err.value)
+    assert "swarm_payload:Family" in msg and "--allow-swarm-code" in msg and str(path) in msg
+    code, out, err_text = run_cli(["tasks", "--config", str(user)], capsys)
+    assert code == 2 and "--allow-swarm-code" in err_text and not payload.exists()
+    # the user's own [tasks] replace the file's families: nothing of the file is imported
+    cfg = load_config(user, {"tasks": {"families": [{"name": "basic_arithmetic"}]}}, environ={})
+    assert [f.name for f in cfg.tasks.families] == ["basic_arithmetic"]
+    # allowed by the user (flag, or their own config): the family is the swarm's
+    from sapo_node.cli import _config, main
+
+    cfg = _config(None, swarm_file=path, allow_swarm_code=True)
+    assert cfg.tasks.families[0].name == "swarm_payload:Family" and cfg.net.allow_swarm_code
+    write(user, f'[net]\nswarm_file = "{path}"\nallow_swarm_code = true\n')
+    main(["tasks", "--config", str(user)])
+    assert "swarm_payload:Family" in capsys.readouterr().out and payload.exists()
