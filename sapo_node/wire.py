@@ -117,6 +117,52 @@ def shard_topic(swarm: str, shard: int, shards: int) -> str:
     return base if shards == 1 else f"{base}/shard-{shard}-of-{shards}"
 
 
+_SHARD_SUFFIX = re.compile(r"/shard-(0|[1-9][0-9]{0,3})-of-([1-9][0-9]{0,3})")
+
+
+def shard_count_of(topic: str, swarm_topic: str) -> int | None:
+    """S, if ``topic`` is a topic of the swarm whose topic is ``swarm_topic`` in a swarm
+    of S shards (section 2.2): 1 for the swarm's topic itself. None for any other topic.
+
+    >>> shard_count_of("sapo/demo/rollouts/v2/shard-3-of-64", "sapo/demo/rollouts/v2")
+    64
+    >>> shard_count_of("sapo/demo/rollouts/v2/shard-03-of-64", "sapo/demo/rollouts/v2")
+    """
+    if topic == swarm_topic:
+        return 1
+    if not topic.startswith(swarm_topic):
+        return None
+    found = _SHARD_SUFFIX.fullmatch(topic[len(swarm_topic) :])
+    if found is None:
+        return None
+    shard, shards = int(found[1]), int(found[2])
+    return shards if 2 <= shards <= MAX_SHARDS and shard < shards else None
+
+
+def topics_refusal(topics: list[str], swarm_topic: str, joined: list[str]) -> str | None:
+    """Why a message on ``topics`` (its signed topic list) is refused by a node of the
+    swarm ``swarm_topic`` that joined ``joined`` (protocol/SPEC.md section 2.2, *A
+    message's topics*), or None. Honest topic lists are one topic, or two of different
+    shard counts while S changes; the author chooses the list, and the library charges
+    a relay once per entry of it.
+
+    >>> topics_refusal(["sapo/x/rollouts/v2"] * 2, "sapo/x/rollouts/v2", ["sapo/x/rollouts/v2"])
+    'topic_repeated'
+    """
+    if not 1 <= len(topics) <= 2:
+        return "topic_count"
+    if len(set(topics)) != len(topics):
+        return "topic_repeated"
+    counts = [shard_count_of(t, swarm_topic) for t in topics]
+    if None in counts:
+        return "topic_foreign"
+    if len(set(counts)) != len(counts):
+        return "topic_same_count"
+    if not any(t in joined for t in topics):
+        return "topic_not_joined"
+    return None
+
+
 @functools.lru_cache(maxsize=10_000)
 def shards_of(peer: bytes, shards: int, joined: int) -> tuple[int, ...]:
     """The shards a peer joins: of ``shards``, the ``joined`` (all, if that is more)

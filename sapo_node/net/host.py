@@ -174,18 +174,41 @@ pubsub_module.RpcQueue = _SwarmQueue
 
 
 class SwarmScorer(PeerScorer):
-    """The library's scorer, except that a message the validator *ignored* (another
-    version, a rate limit) is not counted as invalid: only a sender's fault is."""
+    """The library's scorer, except that for one message a forwarder is charged at most
+    once, and not at all when the validator *ignored* the message (another version, a
+    rate limit): only a sender's fault is counted.
 
-    def __init__(self, params: ScoreParams) -> None:
+    py-libp2p charges the forwarder of a refused message once for each entry of the
+    message's topic list, which the author chooses and signs: with ``[A, A]`` each
+    refusal cost an honest relay twice, and the excuse covered one entry (issue 46).
+    A charge lands on a topic this node joined (its home topic if the message's is not
+    one), so that it counts in the score the ban reads."""
+
+    def __init__(self, params: ScoreParams, joined: list[str]) -> None:
         super().__init__(params)
-        self.excuse_next = False
+        self.joined = joined
+        self.judging: ID | None = None  # the forwarder of the message being checked
+        self.excused = False  # that message was refused through nobody's fault
+        self.charged = False  # its forwarder has paid for it
+
+    def judge(self, forwarder: ID) -> None:
+        """A message from ``forwarder`` is about to be checked. Called by
+        ``SwarmPubsub.push_msg`` just before the library's, which validates (sync
+        validators only) and charges before its first await: no other message's check
+        comes between."""
+        self.judging, self.excused, self.charged = forwarder, False, False
 
     def on_invalid_message(self, peer: ID, topic: str) -> None:
-        if self.excuse_next:  # set by the validator just before, with no await between
-            self.excuse_next = False
-            return
-        super().on_invalid_message(peer, topic)
+        if peer == self.judging:
+            if self.excused or self.charged:
+                return
+            self.charged = True
+        self.charge(peer, topic)
+
+    def charge(self, peer: ID, topic: str) -> None:
+        """One invalid message against ``peer``, outside the check of a message (the
+        parent's penalty) or once for one (``SwarmPubsub.push_msg``)."""
+        super().on_invalid_message(peer, topic if topic in self.joined else self.joined[0])
 
 
 class SwarmGossipSub(GossipSub):
@@ -260,6 +283,9 @@ class SwarmPubsub(Pubsub):
         # The network loop's own per-peer maps, forgotten with the library's state.
         self.own_peer_maps: list[dict[ID, Any]] = []
         self.on_forget: Any = None  # called with a peer just before it is forgotten
+        # called with (forwarder, message) before anything else: True if it refused the
+        # message for its topic list (Network._refuse_topics)
+        self.refuse_topics: Any = None
 
     # --- forgetting a peer -------------------------------------------------------------
     #
@@ -459,23 +485,29 @@ class SwarmPubsub(Pubsub):
         if self.get_message_id(msg) in self.excused:
             return
         scorer = self.router.scorer
+        fresh = (
+            not self.is_peer_blacklisted(msg_forwarder)
+            and not self.is_peer_blacklisted(ID(msg.from_id))
+            and not self._is_msg_seen(msg)
+        )
+        if fresh and self.refuse_topics is not None and self.refuse_topics(msg_forwarder, msg):
+            return
         if (
             scorer is not None
-            and not self.is_peer_blacklisted(msg_forwarder)
-            and not self._is_msg_seen(msg)
+            and fresh
             and not scorer.allow_publish(msg_forwarder, list(msg.topicIDs))
         ):
-            for topic in msg.topicIDs:
-                scorer.on_invalid_message(msg_forwarder, topic)
+            scorer.charge(msg_forwarder, msg.topicIDs[0])
             return
+        if scorer is not None:
+            scorer.judge(msg_forwarder)
         try:
             await super().push_msg(msg_forwarder, msg)
         except Exception as exc:
             COUNTERS.bad_frames += 1
             log.warning("bad pubsub message", peer=str(msg_forwarder), error=repr(exc)[:200])
-            if self.router.scorer is not None:
-                for topic in msg.topicIDs:
-                    self.router.scorer.on_invalid_message(msg_forwarder, topic)
+            if scorer is not None:
+                scorer.charge(msg_forwarder, msg.topicIDs[0] if msg.topicIDs else "")
 
 
 # --- reachability (issue 30) ------------------------------------------------------------
@@ -820,7 +852,7 @@ class Network:
             score_params=score_params(),
             eclipse_protection_enabled=False,
         )
-        self.scorer = SwarmScorer(self.gossipsub.scorer.params)
+        self.scorer = SwarmScorer(self.gossipsub.scorer.params, self.topics)
         self.gossipsub.scorer = self.scorer
         self.pubsub = SwarmPubsub(
             self.host,
@@ -907,6 +939,7 @@ class Network:
         self._penalties_sent = -1
         self.gossipsub.on_add_peer = self._recall_penalties
         self.pubsub.on_forget = self._remember_penalties
+        self.pubsub.refuse_topics = self._refuse_topics
         self.backoff: dict[ID, tuple[float, float]] = {}  # peer -> (next try, delay)
         self.refusals: dict[tuple[str, str], int] = {}  # (author, reason) -> n, bounded
         self.no_pubsub_since: dict[ID, float] = {}
@@ -961,10 +994,39 @@ class Network:
 
     def _excuse(self, msg: Any) -> None:
         """This refusal is nobody's fault: no score lost, now or for later copies."""
-        self.scorer.excuse_next = True
+        self.scorer.excused = True
+        self._forget_copies(msg)
+
+    def _forget_copies(self, msg: Any) -> None:
+        """Later copies of ``msg`` are dropped unchecked and at no cost."""
         self.pubsub.excused[self.pubsub.get_message_id(msg)] = None
         while len(self.pubsub.excused) > EXCUSED_MEMORY:
             self.pubsub.excused.popitem(last=False)
+
+    def _refuse_topics(self, forwarder: ID, msg: Any) -> bool:
+        """protocol/SPEC.md section 2.2, *A message's topics*: refuse a message whose
+        topic list repeats a topic, names a topic not of this swarm, or none this node
+        joined. The author signed the list; only an author that sends it itself is
+        charged (once): a relay of another version forwards such messages in good faith."""
+        topics = list(msg.topicIDs)
+        reason = wire.topics_refusal(topics, self.topic, self.topics)
+        if reason is None:
+            return False
+        author = ID(msg.from_id)
+        COUNTERS.rejected += 1
+        count_refusal(self.refusals, author.pretty(), reason)
+        log.info(
+            "message refused",
+            author=author.pretty(),
+            via=forwarder.pretty(),
+            reason=reason,
+            topics=[t[:100] for t in topics[:4]],
+            outcome="rejected" if forwarder == author else "ignored",
+        )
+        if forwarder == author:
+            self.scorer.charge(forwarder, self.home)
+        self._forget_copies(msg)
+        return True
 
     # --- score penalties across connections and restarts ----------------------------
 
@@ -1072,7 +1134,7 @@ class Network:
                 with contextlib.suppress(Exception):
                     author = ID.from_base58(frame[1])
                     if author in self.pubsub.peers:
-                        self.scorer.on_invalid_message(author, self.home)
+                        self.scorer.charge(author, self.home)
 
     async def _keep_mapping(self) -> None:
         """Renew the router's port mapping at half its lease (it lapses if this process

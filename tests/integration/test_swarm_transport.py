@@ -65,6 +65,7 @@ class Swarm:
         self.transports: list[Libp2pTransport] = []
         self.rogues: list[subprocess.Popen] = []
         self.got: dict[int, list[Received]] = {}
+        self.refusals: dict[int, dict[str, int]] = {}
 
     def net(self, bootstrap: list[str] = (), port: int = 0) -> NetSection:
         return NetSection(
@@ -89,12 +90,15 @@ class Swarm:
         self.transports.append(t)
         return t
 
-    def rogue(self, mode: str, target: Libp2pTransport, *args: str) -> tuple[Path, int]:
-        """A rogue peer aimed at ``target``; its output goes to a file, read by tests."""
+    def rogue(
+        self, mode: str, target: Libp2pTransport, *args: str, at: str | None = None
+    ) -> tuple[Path, int]:
+        """A rogue peer aimed at ``target`` (on its topic, dialling ``at`` instead if
+        given); its output goes to a file, read by tests."""
         log = self.root / f"rogue-{len(self.rogues)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.rogue", mode, target.addrs[0]]
+                [sys.executable, "-m", "tests.support.rogue", mode, at or target.addrs[0]]
                 + [target.topic, *args],
                 cwd=REPO,
                 stdout=out,
@@ -570,6 +574,44 @@ def test_copies_of_a_message_of_another_version_cost_no_relay(swarm):
     assert worst == {0: {}, 1: {}}, worst
     assert banned == {0: set(), 1: set()}, banned
     assert all(alive(t) for t in (h1, h2))
+
+
+@pytest.mark.timeout(180)
+def test_an_author_cannot_frame_an_honest_relay_with_its_topic_list(swarm):
+    """The author signs a message's topic list, and py-libp2p charges the relay of a
+    refused message once per entry: with ``[T, T]`` (or a foreign topic before T) each
+    copy refused for the author's rate cost the honest relay 10 points, and five got it
+    banned. Here the author reaches the victim only through a relay of another version
+    (plain py-libp2p, relaying unchecked); the victim refuses those topic lists (SPEC
+    2.2, *A message's topics*) without blaming the relay."""
+    victim = swarm.start("victim", pool=PoolSection(rate_per_author=1.0, burst_per_author=3))
+    relay_log, _ = swarm.rogue("invalid", victim, "--count", "0", "--linger", "90")
+    relay_id, relay_addr = rogue_line(relay_log, "peer_id"), rogue_line(relay_log, "addr")
+    wait_until(rogue_said(relay_log, "mesh"), 60, "the relay in the victim's mesh")
+
+    n = 16  # valid messages, as fast as the author signs them: far over a burst of 3
+    t = victim.topic
+    args = ["--count", "0", "--valid", str(n), "--interval", "0.05", "--linger", "60"]
+    args += ["--topics", f"{t},{t}", "--topics", f"other/topic,{t}"]
+    log, _ = swarm.rogue("invalid", victim, *args, at=relay_addr)
+    author_id = rogue_line(log, "peer_id")
+    wait_until(rogue_said(log, "done"), 60, f"the author publishes; its log:\n{log.read_text()}")
+
+    worst, banned = watch_scores([victim], 3.0)
+    assert worst[0].get(relay_id, 0.0) == 0.0, worst  # the relay lost nothing
+    assert banned == {0: set()}, banned
+
+    def refused() -> dict[str, int]:
+        got = swarm.refusals.setdefault(id(victim), {})
+        for (author, reason), k in victim.refusals().items():
+            assert author == author_id, (author, reason)
+            got[reason] = got.get(reason, 0) + k
+        return got
+
+    want = {"topic_repeated": n // 2, "topic_foreign": n // 2}
+    wait_until(lambda: refused() == want, MSG_S, f"every message refused: {refused()}")
+    assert [m for m in swarm.messages(victim) if m.author == author_id] == []
+    assert alive(victim)
 
 
 # --- restarts ------------------------------------------------------------------------

@@ -4,7 +4,7 @@ which would refuse to send what this sends). Tests run it as a subprocess:
     python -m tests.support.rogue garbage BOOTSTRAP_MULTIADDR TOPIC
     python -m tests.support.rogue invalid BOOTSTRAP_MULTIADDR TOPIC [--count N]
         [--valid M] [--interval S] [--pause S] [--linger S] [--dial MULTIADDR ...]
-        [--vector NAME ...] [--protocol ID]
+        [--vector NAME ...] [--protocol ID] [--topics T1,T2 ...]
     python -m tests.support.rogue persist BOOTSTRAP_MULTIADDR TOPIC --key-dir DIR
         [--dial MULTIADDR ...] [--interval S]
 
@@ -20,6 +20,8 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   small ``protocol/vectors/valid/*.msgpack``), then stays connected ``--linger`` s (a
   peer's score is forgotten when it disconnects). It relays, unchecked, what its mesh
   peers send: with ``--count 0 --valid 0`` it stands for a node of another version.
+  Each message goes on TOPIC, or on the comma-separated topic list of each
+  ``--topics`` in turn (the author signs the list: ``TOPIC,TOPIC`` repeats one).
   It speaks ``/meshsub/1.1.0`` unless ``--protocol`` names another (``/meshsub/1.2.0``:
   its peers then send it an IDONTWANT for every message, as to one of their own).
   It prints ``received AUTHOR SIZE`` for each message of another author that reaches it:
@@ -172,13 +174,14 @@ async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
                 while any(i.peer_id not in gossipsub.mesh.get(topic, set()) for i in infos):
                     await trio.sleep(0.1)
             say("mesh")
+            lists = [t.split(",") for t in args.topics] or [[topic]]
             for i, data in enumerate(invalid_payloads(args.count, args.vector)):
-                await pubsub.publish(topic, data)
+                await pubsub.publish(lists[i % len(lists)], data)
                 say("sent invalid", i, len(data))
                 await trio.sleep(args.interval)
             await trio.sleep(args.pause)
             for i, data in enumerate(valid_payloads(args.valid)):
-                await pubsub.publish(topic, data)
+                await pubsub.publish(lists[i % len(lists)], data)
                 say("sent valid", i, len(data))
                 await trio.sleep(args.interval)
             say("done")
@@ -252,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dial", action="append", default=[], help="a further peer to join")
     parser.add_argument("--vector", action="append", help="an invalid vector's name to send")
     parser.add_argument("--protocol", default=PROTOCOL, help="the meshsub version it speaks")
+    parser.add_argument("--topics", action="append", default=[], help="a topic list, A,B")
     parser.add_argument("--key-dir", type=Path, help="persist: where its identity key is kept")
     args = parser.parse_args(argv)
     if not all(_dialable(a) for a in [args.bootstrap, *args.dial]):

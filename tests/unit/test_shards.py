@@ -128,3 +128,56 @@ def test_identity_prints_a_nodes_shards_in_a_sharded_swarm(tmp_path: Path, capsy
     peer = identity.peer_id(identity.load_or_create(tmp_path))
     joined = ", ".join(map(str, wire.shards_of(identity.id_bytes(peer), 64, 3)))
     assert f"shards: {joined} of 64" in capsys.readouterr().out
+
+
+def test_a_message_goes_on_one_topic_or_on_two_of_different_counts_one_joined() -> None:
+    """SPEC 2.2, *A message's topics*: the lists honest nodes publish pass, also while S
+    changes (one topic of S and one of S0, the receiver on either or both); a repeated
+    topic, a foreign one, two of one count or none joined are refused."""
+    base = wire.topic("demo")
+    s0, s1 = wire.shard_topic("demo", 0, 2), wire.shard_topic("demo", 1, 2)
+    old_s0 = wire.shard_topic("demo", 3, 4)
+    assert wire.topics_refusal([base], base, [base]) is None
+    assert wire.topics_refusal([s0, base], base, [s0]) is None  # a node on the new file
+    assert wire.topics_refusal([s0, base], base, [base]) is None  # one on the old file
+    assert wire.topics_refusal([s1, old_s0], base, [s0, s1, old_s0]) is None
+    assert wire.topics_refusal([base, base], base, [base]) == "topic_repeated"
+    assert wire.topics_refusal([s0, s0], base, [s0]) == "topic_repeated"
+    assert wire.topics_refusal(["other/topic", base], base, [base]) == "topic_foreign"
+    assert wire.topics_refusal([wire.topic("other"), base], base, [base]) == "topic_foreign"
+    assert wire.topics_refusal([f"{base}/shard-01-of-2", base], base, [base]) == "topic_foreign"
+    assert wire.topics_refusal([f"{base}/shard-2-of-2"], base, [base]) == "topic_foreign"
+    assert wire.topics_refusal([f"{base}/shard-0-of-1"], base, [base]) == "topic_foreign"
+    assert wire.topics_refusal([s0, s1], base, [s0, s1]) == "topic_same_count"
+    assert wire.topics_refusal([s1], base, [s0]) == "topic_not_joined"
+    assert wire.topics_refusal([], base, [base]) == "topic_count"
+    assert wire.topics_refusal([s0, base, old_s0], base, [s0]) == "topic_count"
+
+
+def test_a_forwarder_is_charged_once_per_message_whatever_its_topic_list() -> None:
+    """py-libp2p calls on_invalid_message once per entry of the message's topic list:
+    the scorer takes one charge per message, on a topic this node joined, none for a
+    refusal that is nobody's fault, and the parent's penalties as they come."""
+    from libp2p.peer.id import ID
+
+    from sapo_node.net.host import SwarmScorer, score_params
+
+    home, other = wire.shard_topic("demo", 0, 2), wire.shard_topic("demo", 1, 2)
+    scorer = SwarmScorer(score_params(), [home, other])
+    relay, author = ID(b"\x00\x01relay"), ID(b"\x00\x01author")
+    scorer.judge(relay)
+    for topic in (home, home, other):  # what the library does for [home, home, other]
+        scorer.on_invalid_message(relay, topic)
+    assert dict(scorer.invalid_messages[relay]) == {home: 1.0}
+    scorer.judge(relay)
+    scorer.on_invalid_message(relay, "not/joined")  # lands on the home topic
+    assert dict(scorer.invalid_messages[relay]) == {home: 2.0}
+    scorer.judge(relay)
+    scorer.excused = True  # the validator ignored it (a rate limit)
+    scorer.on_invalid_message(relay, home)
+    scorer.on_invalid_message(relay, other)
+    assert dict(scorer.invalid_messages[relay]) == {home: 2.0}
+    scorer.charge(relay, home)  # the parent's penalty, outside any message's check
+    scorer.charge(author, other)
+    assert scorer.invalid_messages[relay][home] == 3.0
+    assert dict(scorer.invalid_messages[author]) == {other: 1.0}
