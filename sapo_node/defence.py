@@ -81,6 +81,7 @@ the in-style class.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -272,6 +273,9 @@ class Defence:
         self._history: OrderedDict[str, deque[bool]] = OrderedDict()
         self._seen: dict[str, float] = {}  # author -> when its record last grew (clock)
         self._distrusted: dict[str, float] = {}  # author -> until (clock seconds)
+        # The records above are read from the status endpoint's thread too
+        # (distrusted_now): every method that reads or changes them holds this lock.
+        self._lock = threading.RLock()
         self.state_path = state_path
         if state_path is not None:
             self._restore(peerstate.load(state_path, "defence"))
@@ -281,13 +285,14 @@ class Defence:
     def state(self) -> dict[str, Any]:
         """What is saved: each peer's record (its checks as "1" passed, "0" refused, oldest
         first, and when it last grew) and each distrusted peer's end of distrust."""
-        return {
-            "history": {
-                a: ["".join("1" if ok else "0" for ok in h), self._seen.get(a, 0.0)]
-                for a, h in self._history.items()
-            },
-            "distrusted": dict(self._distrusted),
-        }
+        with self._lock:
+            return {
+                "history": {
+                    a: ["".join("1" if ok else "0" for ok in h), self._seen.get(a, 0.0)]
+                    for a, h in self._history.items()
+                },
+                "distrusted": dict(self._distrusted),
+            }
 
     def save(self) -> None:
         """Write the state to ``state_path`` (atomically; nothing without a path)."""
@@ -335,48 +340,61 @@ class Defence:
     # --- reputation -----------------------------------------------------------------------
 
     def distrusted(self, author: str) -> bool:
-        """Whether ``author``'s messages are ignored for now."""
-        until = self._distrusted.get(author)
-        if until is None:
+        """Whether ``author``'s messages are ignored for now; a peer whose distrust has
+        ended starts afresh (its record forgotten: probation)."""
+        with self._lock:
+            until = self._distrusted.get(author)
+            if until is None:
+                return False
+            if self.clock() < until:
+                return True
+            del self._distrusted[author]
+            self._history.pop(author, None)
+            self._seen.pop(author, None)
             return False
-        if self.clock() < until:
-            return True
-        del self._distrusted[author]  # probation: a fresh record
-        self._history.pop(author, None)
-        self._seen.pop(author, None)
-        return False
 
     def distrusted_authors(self) -> set[str]:
-        return {a for a in list(self._distrusted) if self.distrusted(a)}
+        """The peers distrusted now; those whose distrust has ended start afresh
+        (``distrusted``). The round loop asks this; the status endpoint asks
+        ``distrusted_now``."""
+        with self._lock:
+            return {a for a in list(self._distrusted) if self.distrusted(a)}
+
+    def distrusted_now(self) -> set[str]:
+        """The peers distrusted now, changing nothing: what the status endpoint shows, from
+        its own thread, without making the rounds depend on whether anyone watches."""
+        with self._lock:
+            now = self.clock()
+            return {a for a, until in self._distrusted.items() if now < until}
 
     def suspects(self) -> set[str]:
         """Peers whose record has more than ``reputation_max_refused`` refused, however
         few were checked: their groups share one peer's cap when a round draws."""
         limit = self.settings.reputation_max_refused
-        return {a for a, h in self._history.items() if h and h.count(False) > limit * len(h)}
+        with self._lock:
+            return {a for a, h in self._history.items() if h and h.count(False) > limit * len(h)}
 
     def _judge(self, author: str, passed: Sequence[bool]) -> None:
-        s = self.settings
-        history = self._history.pop(author, None) or deque(maxlen=s.reputation_window)
-        history.extend(passed)
-        self._history[author] = history
-        self._seen[author] = self.clock()
-        while len(self._history) > MAX_TRACKED:
-            self._seen.pop(self._history.popitem(last=False)[0], None)
-        refused = history.count(False)
-        if len(history) >= s.reputation_min_checked and refused > s.reputation_max_refused * len(
-            history
-        ):
-            self._distrusted[author] = self.clock() + s.distrust_s
-            if len(self._distrusted) > MAX_TRACKED:  # many identities: the nearest ends go
-                del self._distrusted[min(self._distrusted, key=self._distrusted.__getitem__)]
-            log.warning(
-                "peer distrusted: too many of its completions failed the poisoning checks",
-                author=author,
-                refused=refused,
-                checked=len(history),
-                for_s=s.distrust_s,
-            )
+        with self._lock:
+            s = self.settings
+            history = self._history.pop(author, None) or deque(maxlen=s.reputation_window)
+            history.extend(passed)
+            self._history[author] = history
+            self._seen[author] = self.clock()
+            while len(self._history) > MAX_TRACKED:
+                self._seen.pop(self._history.popitem(last=False)[0], None)
+            checked, refused = len(history), history.count(False)
+            if checked >= s.reputation_min_checked and refused > s.reputation_max_refused * checked:
+                self._distrusted[author] = self.clock() + s.distrust_s
+                if len(self._distrusted) > MAX_TRACKED:  # many identities: the nearest ends go
+                    del self._distrusted[min(self._distrusted, key=self._distrusted.__getitem__)]
+                log.warning(
+                    "peer distrusted: too many of its completions failed the poisoning checks",
+                    author=author,
+                    refused=refused,
+                    checked=checked,
+                    for_s=s.distrust_s,
+                )
 
     # --- the round's check ----------------------------------------------------------------
 

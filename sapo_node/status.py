@@ -205,7 +205,7 @@ class Status:
 
 def _distrusted(node: Any) -> set[str]:
     defence = getattr(node, "defence", None)
-    return set() if defence is None else defence.distrusted_authors()
+    return set() if defence is None else defence.distrusted_now()
 
 
 def _authors(per_author: dict[str, dict[str, int]], distrusted: set[str]) -> list[dict]:

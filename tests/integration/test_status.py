@@ -192,3 +192,78 @@ def test_metrics_status_healthz_and_the_status_command(node, capsys) -> None:
     assert not (data / "status.json").exists()
     code, _, err = _status_command(data, capsys)
     assert code == 1 and "no sapo-node is running with data directory" in err
+
+
+def test_polling_status_while_distrust_expires_leaves_the_rounds_running(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 47: the status endpoint's thread asks the defences who is distrusted while
+    the round loop reads and changes the same records (``Defence.suspects``, the screen).
+    The node starts with the most records the defences keep (peers-defence.json, as a node
+    restarts with it), every one distrusted until a moment of the next seconds, so
+    distrust ends all through the rounds while clients ask for /status as fast as they
+    can, with threads switching often. Every round runs and every answer is whole."""
+    import sys
+    import threading
+
+    from sapo_node import peerstate
+    from sapo_node.config import load_config
+    from sapo_node.defence import MAX_TRACKED
+    from sapo_node.node import Node
+    from sapo_node.status import Status, StatusServer
+    from tests.support.nodes import sevens_overrides
+
+    data, rounds, clients = tmp_path / "n", 10, 4
+    data.mkdir()
+    now = time.time()
+    authors = [f"peer-{i}" for i in range(MAX_TRACKED)]
+    start, spread = 2.0, 4.0  # s: distrust ends from then, one peer after another
+    peerstate.save(
+        data / peerstate.DEFENCE_FILE,
+        "defence",
+        {
+            "history": {a: ["0" * 256, now] for a in authors},  # a full record each
+            "distrusted": {
+                a: now + start + spread * i / len(authors) for i, a in enumerate(authors)
+            },
+        },
+    )
+    overrides = sevens_overrides(
+        tiny_model_dir,
+        data,
+        node={"rounds": rounds, "min_round_s": (start + spread) / (rounds - 1)},
+        generation={"max_new_tokens": 4, "completions_per_task": 4},
+        train={"local_groups": 2, "external_groups": 2},
+        defence={"enabled": True},
+    )
+    node = Node(load_config(overrides=overrides, environ={}))
+    assert node.defence is not None and node.defence.distrusted_now()  # still, mostly
+    server = StatusServer("127.0.0.1:0")
+    server.serve(Status(node.config, node=node))
+    answers: list[int] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            code, body = _get(f"{server.url}/status")
+            answers.append(code)
+            if code == 200:
+                json.loads(body)
+
+    pollers = [threading.Thread(target=poll, daemon=True) for _ in range(clients)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for p in pollers:
+            p.start()
+        ran = node.run()
+    finally:
+        sys.setswitchinterval(interval)
+        done.set()
+        for p in pollers:
+            p.join(timeout=30)
+        server.close()
+        node.close()
+    assert ran == rounds
+    assert len(answers) > 10 and set(answers) == {200}, answers[-5:]
+    assert not node.defence.distrusted_now()  # it all ended during the rounds

@@ -260,8 +260,13 @@ def test_a_peer_that_keeps_failing_is_distrusted_then_forgiven(trained) -> None:
         [_group(policy, prompt, ["<answer>7</answer>", "<answer>1</answer>"], [1, 0], "attacker")],
     )
     assert kept == [] and screened == {DISTRUSTED: 1}
-    now[0] = 61.0  # probation: a fresh record
-    assert not d.distrusted("attacker") and d.distrusted_authors() == set()
+    assert d.distrusted_now() == {"attacker"}
+    now[0] = 61.0
+    # What the status endpoint asks changes nothing: the record stands until the round
+    # loop (or the intake) asks, and only then starts afresh.
+    assert d.distrusted_now() == set() and d.suspects() == {"attacker"}
+    assert not d.distrusted("attacker") and d.distrusted_authors() == set()  # probation
+    assert d.suspects() == set()
 
 
 def _distrust_attacker(d: Defence, policy, prompt) -> None:
