@@ -52,7 +52,6 @@ import weakref
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import multiaddr
@@ -60,24 +59,14 @@ import structlog
 import trio
 from libp2p import new_host
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
-from libp2p.identity.identify import identify as identify_module
-from libp2p.identity.identify_push import identify_push as identify_push_module
 from libp2p.identity.identify_push import push_identify_to_peers
-from libp2p.kad_dht import kad_dht as kad_dht_module
-from libp2p.kad_dht import peer_routing as peer_routing_module
-from libp2p.kad_dht import provider_store as provider_store_module
-from libp2p.kad_dht import value_store as value_store_module
 from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL_ID
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
-from libp2p.peer import peerstore as peerstore_module
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
-from libp2p.pubsub import floodsub as floodsub_module
-from libp2p.pubsub import gossipsub as gossipsub_module
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
-from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
@@ -91,14 +80,25 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo_node import peerstate, wire
 from sapo_node.logs import configure_logging
-from sapo_node.net import NetError, autonat, count_refusal, dnsaddr, identity, ipc, reach, upnp
+from sapo_node.net import (
+    NetError,
+    autonat,
+    count_refusal,
+    dnsaddr,
+    identity,
+    ipc,
+    patches,
+    reach,
+    upnp,
+)
+from sapo_node.net.patches import OUTBOUND_QUEUE
 from sapo_node.net.ports import check_ports_free
+from sapo_node.net.state import COUNTERS, STATE
 from sapo_node.pool import RateLimiter
 
 log = structlog.get_logger("sapo_node.net")
 
 PROTOCOLS = ["/meshsub/1.2.0", "/meshsub/1.1.0", "/meshsub/1.0.0"]
-OUTBOUND_QUEUE = 512  # RPCs per peer (trap 4: the library's 32 drops bursts silently)
 BACKPRESSURE_FILL = 0.5  # publish waits while a peer's queue is fuller than this
 BACKPRESSURE_WAIT_S = 10.0
 INBOUND_RPC_LIMIT = 8 * 2**20  # trap 5: above js-libp2p's 4 MiB; the real cap is wire's
@@ -130,9 +130,6 @@ PROVIDE_EVERY_S = 600.0
 # 24 nodes the DHT was a quarter of a member's network CPU (docs/scale.md).
 LOOKUP_EVERY_S = 60.0
 
-# Trap 1 / 4 / 5 need the module's own names to count bytes and size queues.
-_read_frame = pubsub_module.read_varint_prefixed_bytes_limited
-
 
 def dht_key(topic: str) -> str:
     """The swarm's DHT provider key (protocol/SPEC.md, discovery): the CIDv1 of the
@@ -146,31 +143,6 @@ def dht_key(topic: str) -> str:
     digest = hashlib.sha256(topic.encode("utf-8")).digest()
     cid = bytes([0x01, 0x55, 0x12, 0x20]) + digest  # version, codec, sha2-256, 32 bytes
     return "b" + base64.b32encode(cid).decode("ascii").lower().rstrip("=")
-
-
-class Counters:
-    def __init__(self) -> None:
-        self.received = self.rejected = self.rate_limited = 0
-        self.bytes_in = self.bytes_out = self.published = self.bad_frames = 0
-        self.backpressure_waits = 0
-
-
-COUNTERS = Counters()
-
-
-async def _counting_read(stream: Any, limit: int) -> bytes:
-    data = await _read_frame(stream, limit)
-    COUNTERS.bytes_in += len(data)
-    return data
-
-
-class _SwarmQueue(RpcQueue):
-    def __init__(self, max_size: int = OUTBOUND_QUEUE, *args: Any, **kwargs: Any) -> None:
-        super().__init__(max_size, *args, **kwargs)
-
-
-pubsub_module.read_varint_prefixed_bytes_limited = _counting_read
-pubsub_module.RpcQueue = _SwarmQueue
 
 
 class SwarmScorer(PeerScorer):
@@ -512,74 +484,8 @@ class SwarmPubsub(Pubsub):
 
 # --- reachability (issue 30) ------------------------------------------------------------
 #
-# trap 16: identify gives every peer all of a host's addresses, and a signed peer record
-# of them, whoever the peer is; with no address at all it falls back to the listen ones.
-# A private node's LAN addresses so reached public nodes, which handed them on (DHT
-# closer-peer answers, provider records, peer exchange). Here identify shows a peer
-# outside this node's LAN only the addresses reach.shown allows, and no signed record
-# when it left any out. One network per process: REACHABILITY is this process's.
-
-REACHABILITY: list[reach.Reachability] = ["public"]
-RELAYED: list[str] = []  # this node's addresses through its relays (a private node's)
-UNREACHABLE: set[str] = set()  # addresses AutoNAT found peers cannot dial (trap 21)
-# The library's modules that attach this node's signed peer record to what they send.
-_RECORD_SENDERS = (
-    identify_module, pubsub_module, gossipsub_module, floodsub_module, kad_dht_module,
-    peer_routing_module, provider_store_module, value_store_module,
-)  # fmt: skip
-_library_identify = identify_module._mk_identify_protobuf
-
-
-def shown_addrs(addrs: list[str], peer_ip: str | None) -> list[str]:
-    """The addresses a peer from ``peer_ip`` may see (reach.shown; none that AutoNAT found
-    unreachable), then the relayed ones, which anyone may."""
-    addrs = [a for a in addrs if a.split("/p2p/")[0] not in UNREACHABLE]
-    return reach.shown(REACHABILITY[0], addrs, peer_ip) + [a for a in RELAYED if a not in addrs]
-
-
-def _identify_for(host: Any, observed: multiaddr.Multiaddr | None) -> Any:
-    """The library's identify message, with the addresses this peer may see."""
-    message = _library_identify(host, observed)
-    addrs = [str(multiaddr.Multiaddr(a)) for a in message.listen_addrs]
-    keep = shown_addrs(addrs, reach.ip_of(str(observed)) if observed else None)
-    if keep != addrs:
-        del message.listen_addrs[:]
-        message.listen_addrs.extend(multiaddr.Multiaddr(a).to_bytes() for a in keep)
-        message.ClearField("signedPeerRecord")
-    return message
-
-
-class _Shown:
-    """A host whose ``get_addrs`` are what a stranger may see: the DHT's provider store
-    puts them in the records it sends (py-libp2p takes ``host.get_addrs()`` whole)."""
-
-    def __init__(self, host: Any) -> None:
-        self._host = host
-
-    def get_addrs(self) -> list[multiaddr.Multiaddr]:
-        addrs = [str(a) for a in self._host.get_addrs()]
-        return [multiaddr.Multiaddr(a) for a in shown_addrs(addrs, None)]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._host, name)
-
-
-identify_module._mk_identify_protobuf = _identify_for
-identify_push_module._mk_identify_protobuf = _identify_for
-
-
-def _shown_record(host: Any) -> tuple[bytes, bool]:
-    """trap 16, the signed peer record: py-libp2p signs ``host.get_addrs()`` whole into the
-    record it attaches to pubsub, DHT and identify messages, so a private node's LAN
-    addresses reached peers outside its LAN through it (a home node dialled the other
-    home's 10.x address in the NAT test). The record holds what a stranger may see."""
-    return _library_record(_Shown(host))
-
-
-_library_record = peerstore_module.env_to_send_in_RPC
-for _module in _RECORD_SENDERS:
-    if getattr(_module, "env_to_send_in_RPC", None) is _library_record:
-        _module.env_to_send_in_RPC = _shown_record
+# What this node shows peers of its addresses is net/state.py's STATE, and the library's
+# hooks that show them are patched in net/patches.py (docs/libp2p.md#addresses-shown-to-peers).
 
 
 class SwarmDHT(KadDHT):
@@ -593,30 +499,10 @@ class SwarmDHT(KadDHT):
     def __init__(self, host: Any, mode: DHTMode, *, public: bool) -> None:
         super().__init__(host, mode)
         self.public = public
-        table = self.routing_table
-        library_add = table.add_peer
-
-        async def add_peer(peer: Any, *, skip_server_mode_check: bool = False) -> bool:
-            peer_id = peer.peer_id if isinstance(peer, PeerInfo) else peer
-            if not self.admits(peer_id):
-                return False
-            return await library_add(peer, skip_server_mode_check=True)
-
-        table.add_peer = add_peer
         # A provider record is handed to whoever asks: a public node keeps only the
-        # addresses that lead somewhere (an old or hostile node may still send LAN ones).
-        store = self.provider_store
-        library_provide = store.add_provider
-
-        def add_provider(key: bytes, provider: PeerInfo) -> None:
-            addrs = provider.addrs
-            if self.public:
-                addrs = [a for a in addrs if not reach.is_lan_addr(str(a))]
-            if addrs:
-                library_provide(key, PeerInfo(provider.peer_id, addrs))
-
-        store.add_provider = add_provider
-        store.host = _Shown(host)  # what it provides: no LAN address of a private node
+        # addresses that lead somewhere (an old or hostile node may still send LAN ones),
+        # and what it provides shows no LAN address of a private node.
+        patches.guard_dht(self, self.admits, lambda: self.public)
 
     def lan_addrs_held(self) -> int:
         """LAN addresses this DHT would hand out: its routing table's peers' and those in
@@ -721,7 +607,7 @@ class SwarmDCUtR(DCUtRProtocol):
 
     async def _get_observed_addrs(self) -> list[bytes]:
         addrs = await super()._get_observed_addrs()
-        if REACHABILITY[0] != "private":
+        if STATE.reachability != "private":
             return addrs
         return [a for a in addrs if not reach.is_lan_addr(str(multiaddr.Multiaddr(a)))]
 
@@ -831,14 +717,9 @@ class Network:
             addrs_factory=None if announce else interface_addresses,
         )
         if self.host.mDNS is not None:
-            # py-libp2p's mDNS announces the raw listen addresses, so the default
-            # /ip4/0.0.0.0/... reached LAN peers as 0.0.0.0, which each dialled as itself:
-            # announce the interfaces' addresses, as go-libp2p does (announce ones are
-            # for peers elsewhere).
-            transport_addrs = self.host.get_transport_addrs
-            self.host.mDNS.broadcaster.host = SimpleNamespace(
-                get_transport_addrs=lambda: interface_addresses(transport_addrs())
-            )
+            # mDNS announces the interfaces' addresses, as go-libp2p does (announce ones
+            # are for peers elsewhere)
+            patches.announce_interfaces(self.host, interface_addresses)
         degree = settings["mesh_degree"]
         self.gossipsub = SwarmGossipSub(
             protocols=PROTOCOLS,
@@ -862,6 +743,9 @@ class Network:
             seen_ttl=SEEN_TTL_S,
             validation_cache_size=4096,
         )  # trap 14: the default message id (author + seqno) is kept
+        patches.check_state(self.pubsub, patches.PUBSUB_STATE, "Pubsub")
+        patches.check_state(self.gossipsub, patches.ROUTER_STATE, "GossipSub")
+        patches.check_state(self.scorer, patches.SCORER_STATE, "PeerScorer")
         self.limiter = RateLimiter(settings["rate_per_author"], settings["burst_per_author"])
         # Peers refuse an author above this rate (their pool's limit, presumed equal to
         # ours): publishing faster only loses groups, so this node waits instead.
@@ -872,7 +756,7 @@ class Network:
         )
         if mapping is not None:
             self.reason = "upnp"
-        REACHABILITY[0] = self.reachability
+        STATE.reachability = self.reachability
         self.dht = None
         if settings["dht"]:
             # A private node asks the DHT but serves it not: public peers could not dial it
@@ -1363,7 +1247,7 @@ class Network:
         # The swarm's key (every node's, also before shards), and in a sharded swarm each
         # joined shard's: a node finds its shards' members among their providers.
         keys = [dht_key(t) for t in self.topics if t != self.topic] + [dht_key(self.topic)]
-        last_provide, provided_to, provided_relayed = -PROVIDE_EVERY_S, set(), list(RELAYED)
+        last_provide, provided_to, provided_relayed = -PROVIDE_EVERY_S, set(), STATE.relayed
         last_lookup = -LOOKUP_EVERY_S
         self.alone_since = trio.current_time()
         while True:
@@ -1389,15 +1273,15 @@ class Network:
                     # announcement made while alone reached nobody), and when this node's
                     # relayed addresses changed.
                     due = trio.current_time() - last_provide >= PROVIDE_EVERY_S
-                    fresh = due or not connected <= provided_to or provided_relayed != RELAYED
+                    fresh = due or not connected <= provided_to or provided_relayed != STATE.relayed
                     # a private node announces only its addresses through relays
-                    dialable = self.reachability != "private" or RELAYED
+                    dialable = self.reachability != "private" or STATE.relayed
                     if connected and fresh and dialable:
                         for key in keys:
                             with contextlib.suppress(Exception):
                                 if await self.dht.provide(key):
                                     last_provide, provided_to = trio.current_time(), connected
-                                    provided_relayed = list(RELAYED)
+                                    provided_relayed = STATE.relayed
                     due = trio.current_time() - last_lookup >= LOOKUP_EVERY_S
                     if due or self._short_of_members(connected):
                         last_lookup = trio.current_time()
@@ -1476,7 +1360,7 @@ class Network:
 
     async def _reserve(self) -> None:
         """A private node keeps reservations on RELAYS connected public peers that serve
-        relaying, and gives peers its addresses through them (RELAYED): peers that cannot
+        relaying, and gives peers its addresses through them (STATE.relayed): peers that cannot
         dial it directly dial it there. A relay that left takes its addresses with it."""
         connected = set(self.host.get_connected_peers())
         for relay in [r for r in self.relays if r not in connected]:
@@ -1501,7 +1385,7 @@ class Network:
                 at = [a.removesuffix(f"/p2p/{peer.pretty()}") for a in addrs]
                 self.relays[peer] = [f"{a}/p2p/{peer.pretty()}/p2p-circuit" for a in at]
                 log.info("relay reserved", relay=peer.pretty(), addrs=self.relays[peer])
-        RELAYED[:] = [a for addrs in self.relays.values() for a in addrs]
+        STATE.relayed = [a for addrs in self.relays.values() for a in addrs]
 
     # --- AutoNAT (trap 21, net/autonat.py) --------------------------------------------
 
@@ -1585,9 +1469,9 @@ class Network:
             )
             return
         # the addresses peers elsewhere failed at; LAN peers still see the LAN ones
-        UNREACHABLE.update(a for a in addrs if not reach.is_lan_addr(a))
+        STATE.unreachable.update(a for a in addrs if not reach.is_lan_addr(a))
         self.reachability, self.reason = "private", "autonat"
-        REACHABILITY[0] = "private"
+        STATE.reachability = "private"
         if self.dht is not None:
             with contextlib.suppress(Exception):
                 await self.dht.switch_mode(DHTMode.CLIENT)
@@ -1762,6 +1646,7 @@ async def _main(in_fd: int, out_fd: int) -> int:
     settings = first[1]
     configure_logging(json_logs=settings.get("json_logs", False))
     try:
+        patches.apply()  # a py-libp2p they do not fit: one line, as the fatal error
         check_ports_free([multiaddr.Multiaddr(a) for a in settings["listen"]])
         mapping = await _map_port(settings)
         network = Network(settings, out, mapping)

@@ -60,19 +60,21 @@ def test_the_signed_peer_record_of_a_private_node_holds_no_lan_address(monkeypat
     from libp2p.peer.envelope import consume_envelope
     from libp2p.pubsub import gossipsub, pubsub
 
-    from sapo_node.net import host as net_host
+    from sapo_node.net import patches
+    from sapo_node.net.state import STATE
 
+    patches.apply()  # as the network process does at start
     node = new_host(key_pair=create_new_key_pair())
     lan, wan = "/ip4/10.2.0.2/tcp/4001", "/ip4/198.18.1.2/tcp/4001"
     monkeypatch.setattr(node, "get_addrs", lambda: [multiaddr.Multiaddr(lan)])
     for state, want in (("private", set()), ("public", {lan})):
-        monkeypatch.setattr(net_host, "REACHABILITY", [state])
+        monkeypatch.setattr(STATE, "reachability", state)
         for module in (pubsub, gossipsub, kad_dht):
             _, record = consume_envelope(module.env_to_send_in_RPC(node)[0], "libp2p-peer-record")
             assert {str(a) for a in record.addrs} == want, (state, module.__name__)
     # a private node with a public address (a forwarded port) shows that one
     monkeypatch.setattr(node, "get_addrs", lambda: [multiaddr.Multiaddr(a) for a in (lan, wan)])
-    monkeypatch.setattr(net_host, "REACHABILITY", ["private"])
+    monkeypatch.setattr(STATE, "reachability", "private")
     _, record = consume_envelope(pubsub.env_to_send_in_RPC(node)[0], "libp2p-peer-record")
     assert {str(a) for a in record.addrs} == {wan}
 
@@ -100,13 +102,13 @@ def test_autonat_needs_two_hosts_failing_and_none_reaching_to_call_a_node_privat
 def test_a_node_autonat_turned_private_shows_peers_elsewhere_only_its_relayed_addresses(
     monkeypatch,
 ) -> None:
-    from sapo_node.net import host as net_host
+    from sapo_node.net.state import STATE
 
     public, lan = "/ip4/203.0.113.7/tcp/4141", "/ip4/192.168.1.20/tcp/4141"
     relayed = "/ip4/198.18.0.1/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"
-    monkeypatch.setattr(net_host, "REACHABILITY", ["private"])
-    monkeypatch.setattr(net_host, "UNREACHABLE", {public})
-    monkeypatch.setattr(net_host, "RELAYED", [relayed])
+    monkeypatch.setattr(STATE, "reachability", "private")
+    monkeypatch.setattr(STATE, "unreachable", {public})
+    monkeypatch.setattr(STATE, "relayed", [relayed])
     mine = [f"{public}/p2p/12D3KooWMe", lan]
-    assert net_host.shown_addrs(mine, "198.18.0.9") == [relayed]
-    assert net_host.shown_addrs(mine, "192.168.1.9") == [lan, relayed]  # its LAN
+    assert STATE.shown(mine, "198.18.0.9") == [relayed]
+    assert STATE.shown(mine, "192.168.1.9") == [lan, relayed]  # its LAN

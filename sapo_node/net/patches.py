@@ -1,0 +1,305 @@
+"""Every change the network makes to py-libp2p's internals, in one place, checked.
+
+The network process (``net/host.py``) calls :func:`apply` once, before it builds the
+host. It refuses, in one line (:class:`PatchError`, which the process sends its parent
+as its fatal error), to run on a py-libp2p other than :data:`LIBP2P_VERSION`, or when a
+symbol the node replaces, or a method its subclasses of the library's classes override,
+is gone: a patch that silently stops applying after an upgrade is the worst outcome.
+docs/libp2p.md#patches lists each patch, what it fixes and its upstream status.
+
+Three kinds of change:
+
+- module functions and classes replaced (:data:`REPLACED`), in the module that defines
+  them and in every loaded py-libp2p module that imported them (those that should see
+  the node's version), or in one module only (those meant for one user);
+- methods overridden by the node's subclasses (``net/host.py``, ``net/autonat.py``):
+  :data:`OVERRIDDEN` names each, and :func:`apply` checks the library still has it (a
+  renamed one would no longer be called);
+- hooks set on one object (the DHT's routing table and provider store, mDNS's
+  broadcaster): :func:`guard_dht` and :func:`announce_interfaces`, with the same checks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import multiaddr
+
+from sapo_node.net import NetError, reach
+from sapo_node.net.state import COUNTERS, STATE
+
+LIBP2P_VERSION = "0.8.1"
+OUTBOUND_QUEUE = 512  # RPCs per peer (docs/libp2p.md#outbound-queues; the library's: 32)
+DOCS = "docs/libp2p.md#patches"
+
+
+class PatchError(NetError):
+    """py-libp2p is not what the patches were written for (one line)."""
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """``module.name`` replaced by ``make()``'s result; ``everywhere``: also in every
+    loaded py-libp2p module that holds the original (imported it by name)."""
+
+    module: str
+    name: str
+    anchor: str  # its section in docs/libp2p.md
+    everywhere: bool
+
+
+# library class -> the methods the node's subclasses override or call as their own
+OVERRIDDEN: dict[str, tuple[str, ...]] = {
+    "libp2p.pubsub.pubsub:Pubsub": (
+        "push_msg", "stream_handler", "write_msg", "handle_subscription", "_handle_dead_peer",
+        "_teardown_if_connected", "_clear_pending_announce_retries_for_peer",
+        "_forget_all_subscriptions", "_peer_is_connected", "_is_msg_seen",
+        "handle_sending_messages", "get_hello_packet", "is_peer_blacklisted",
+    ),
+    "libp2p.pubsub.gossipsub:GossipSub": (
+        "add_peer", "remove_peer", "handle_rpc", "handle_prune", "_check_equivocation",
+    ),
+    "libp2p.pubsub.score:PeerScorer": (
+        "on_invalid_message", "allow_publish", "penalize_behavior", "penalize_equivocation",
+    ),
+    "libp2p.pubsub.rpc_queue:RpcQueue": ("close",),
+    "libp2p.relay.circuit_v2.dcutr:DCUtRProtocol": (
+        "initiate_hole_punch", "_perform_hole_punch", "_schedule_relay_close",
+        "_close_relayed_conns_after_grace", "_get_observed_addrs",
+    ),
+    "libp2p.host.autonat.autonat:AutoNATService": (
+        "handle_stream", "_try_dial", "_handle_request", "_observed_ip",
+    ),
+    "libp2p.kad_dht.routing_table:RoutingTable": ("add_peer",),
+    "libp2p.kad_dht.provider_store:ProviderStore": ("add_provider",),
+    "libp2p.network.swarm:Swarm": ("unblock_peer",),
+}  # fmt: skip
+
+# Attributes the node reads or resets on the library's objects, checked on each object
+# as the network builds it (they are set in ``__init__``, not on the class).
+PUBSUB_STATE = (
+    "peers", "peer_queues", "peer_topics", "counter", "blacklisted_peers",
+    "_peer_added_events", "_subscription_events", "_peer_subscription_count",
+    "_replayed_recent_topics", "_pending_announce_retries",
+)  # fmt: skip
+ROUTER_STATE = (
+    "mesh", "fanout", "back_off", "peer_protocol", "dont_send_message_ids",
+    "_pending_messages", "_pending_control", "iwant_request_limits",
+    "ihave_message_limits", "graft_flood_tracking", "equivocation_detection", "scorer",
+)  # fmt: skip
+SCORER_STATE = (
+    "params", "time_in_mesh", "first_message_deliveries", "mesh_message_deliveries",
+    "invalid_messages", "behavior_penalty", "app_specific_scores", "ip_by_peer",
+    "graft_flood_penalties", "iwant_spam_penalties", "ihave_spam_penalties",
+    "equivocation_penalties",
+)  # fmt: skip
+
+REPLACED = (
+    # bytes received on pubsub streams are counted (the stats' bytes_in)
+    Replaced("libp2p.pubsub.pubsub", "read_varint_prefixed_bytes_limited", "message-size", False),
+    Replaced("libp2p.pubsub.pubsub", "RpcQueue", "outbound-queues", False),
+    Replaced(
+        "libp2p.identity.identify.identify", "_mk_identify_protobuf",
+        "addresses-shown-to-peers", True,
+    ),
+    Replaced("libp2p.peer.peerstore", "env_to_send_in_RPC", "addresses-shown-to-peers", True),
+)  # fmt: skip
+
+# Modules known to import a symbol replaced everywhere: imported before the scan.
+_USERS = (
+    "libp2p.identity.identify_push.identify_push",
+    "libp2p.pubsub.pubsub",
+    "libp2p.pubsub.gossipsub",
+    "libp2p.pubsub.floodsub",
+    "libp2p.kad_dht.kad_dht",
+    "libp2p.kad_dht.peer_routing",
+    "libp2p.kad_dht.provider_store",
+    "libp2p.kad_dht.value_store",
+)
+
+_original: dict[tuple[str, str], Any] = {}  # (module, name) -> the library's own
+
+
+def installed_version() -> str:
+    return importlib.metadata.version("libp2p")
+
+
+def apply() -> None:
+    """Check py-libp2p and apply every module-level patch (again: a no-op). Raises
+    :class:`PatchError`, one line, when the library is not what they were written for."""
+    found = installed_version()
+    if found != LIBP2P_VERSION:
+        raise PatchError(
+            f"py-libp2p {found} is installed; the network's patches were written for "
+            f"{LIBP2P_VERSION} ({DOCS}): install libp2p=={LIBP2P_VERSION}"
+        )
+    for where, names in OVERRIDDEN.items():
+        cls = _symbol(*where.split(":"))
+        missing = [n for n in names if not callable(getattr(cls, n, None))]
+        if missing:
+            raise PatchError(_missing(where.replace(":", "."), missing))
+    for name in _USERS:
+        importlib.import_module(name)
+    if _original:
+        return  # applied: the library's own are kept in _original
+    found_all = {(t.module, t.name): _symbol(t.module, t.name) for t in REPLACED}
+    _original.update(found_all)
+    replacements = _replacements()
+    for target in REPLACED:
+        new, original = replacements[target.name], _original[(target.module, target.name)]
+        setattr(sys.modules[target.module], target.name, new)
+        for module in _holders(original) if target.everywhere else ():
+            namespace = vars(sys.modules[module])
+            for name in [n for n, value in namespace.items() if value is original]:
+                setattr(sys.modules[module], name, new)
+
+
+def still_holding() -> list[str]:
+    """``module.name`` of each loaded py-libp2p module that still holds a library
+    function :func:`apply` replaces there (empty once applied)."""
+    out = []
+    for target in REPLACED:
+        original = _original.get((target.module, target.name))
+        if original is None:
+            out.append(f"{target.module}.{target.name} (not applied)")
+            continue
+        if target.everywhere:
+            out += [f"{m}.{target.name}" for m in _holders(original)]
+        elif getattr(sys.modules[target.module], target.name) is original:
+            out.append(f"{target.module}.{target.name}")
+    return sorted(out)
+
+
+def check_state(obj: Any, names: Iterable[str], what: str) -> None:
+    """The attributes ``names`` the node uses on the library's object ``obj``."""
+    missing = [n for n in names if not hasattr(obj, n)]
+    if missing:
+        raise PatchError(_missing(what, missing))
+
+
+def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool]) -> None:
+    """docs/libp2p.md#dht-routing-table: the routing table takes a peer only when
+    ``admits`` it (identify says it serves the DHT, from an address others can dial);
+    a public node's provider store keeps only addresses outside the LAN ranges; and what
+    this node provides shows only what a stranger may see."""
+    from libp2p.peer.peerinfo import PeerInfo
+
+    check_state(dht, ("routing_table", "provider_store", "host"), "the DHT")
+    table, store = dht.routing_table, dht.provider_store
+    check_state(store, ("add_provider", "host", "providers"), "the DHT's provider store")
+    library_add, library_provide = table.add_peer, store.add_provider
+
+    async def add_peer(peer: Any, *, skip_server_mode_check: bool = False) -> bool:
+        peer_id = peer.peer_id if isinstance(peer, PeerInfo) else peer
+        if not admits(peer_id):
+            return False
+        return await library_add(peer, skip_server_mode_check=True)
+
+    def add_provider(key: bytes, provider: Any) -> None:
+        addrs = provider.addrs
+        if public():
+            addrs = [a for a in addrs if not reach.is_lan_addr(str(a))]
+        if addrs:
+            library_provide(key, PeerInfo(provider.peer_id, addrs))
+
+    table.add_peer = add_peer
+    store.add_provider = add_provider
+    store.host = Shown(store.host)
+
+
+def announce_interfaces(host: Any, addrs: Callable[[list[Any]], list[Any]]) -> None:
+    """docs/libp2p.md#mdns-addresses: mDNS announces ``addrs`` of the transport
+    addresses (each interface's, for a wildcard), not the raw listen addresses."""
+    check_state(host.mDNS, ("broadcaster",), "mDNS")
+    check_state(host.mDNS.broadcaster, ("host",), "mDNS's broadcaster")
+    transport_addrs = host.get_transport_addrs
+    host.mDNS.broadcaster.host = SimpleNamespace(
+        get_transport_addrs=lambda: addrs(transport_addrs())
+    )
+
+
+class Shown:
+    """A host whose ``get_addrs`` are what a stranger may see: the DHT's provider store
+    puts them in the records it sends (py-libp2p takes ``host.get_addrs()`` whole)."""
+
+    def __init__(self, host: Any) -> None:
+        self._host = host
+
+    def get_addrs(self) -> list[multiaddr.Multiaddr]:
+        addrs = [str(a) for a in self._host.get_addrs()]
+        return [multiaddr.Multiaddr(a) for a in STATE.shown(addrs, None)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+
+# --- the replacements ------------------------------------------------------------------
+
+
+def _replacements() -> dict[str, Any]:
+    read = _original[("libp2p.pubsub.pubsub", "read_varint_prefixed_bytes_limited")]
+    queue = _original[("libp2p.pubsub.pubsub", "RpcQueue")]
+    identify = _original[("libp2p.identity.identify.identify", "_mk_identify_protobuf")]
+    record = _original[("libp2p.peer.peerstore", "env_to_send_in_RPC")]
+
+    async def counting_read(stream: Any, limit: int) -> bytes:
+        data = await read(stream, limit)
+        COUNTERS.bytes_in += len(data)
+        return data
+
+    class SwarmQueue(queue):  # type: ignore[misc,valid-type]
+        def __init__(self, max_size: int = OUTBOUND_QUEUE, *args: Any, **kwargs: Any) -> None:
+            super().__init__(max_size, *args, **kwargs)
+
+    def identify_for(host: Any, observed: multiaddr.Multiaddr | None) -> Any:
+        """The library's identify message, with the addresses this peer may see."""
+        message = identify(host, observed)
+        addrs = [str(multiaddr.Multiaddr(a)) for a in message.listen_addrs]
+        keep = STATE.shown(addrs, reach.ip_of(str(observed)) if observed else None)
+        if keep != addrs:
+            del message.listen_addrs[:]
+            message.listen_addrs.extend(multiaddr.Multiaddr(a).to_bytes() for a in keep)
+            message.ClearField("signedPeerRecord")
+        return message
+
+    def shown_record(host: Any) -> tuple[bytes, bool]:
+        """The signed peer record py-libp2p attaches to pubsub, DHT and identify messages,
+        over what a stranger may see instead of ``host.get_addrs()`` whole."""
+        return record(Shown(host))
+
+    return {
+        "read_varint_prefixed_bytes_limited": counting_read,
+        "RpcQueue": SwarmQueue,
+        "_mk_identify_protobuf": identify_for,
+        "env_to_send_in_RPC": shown_record,
+    }
+
+
+def _symbol(module: str, name: str) -> Any:
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise PatchError(_missing(module, [name])) from None
+    return found
+
+
+def _holders(original: Any) -> list[str]:
+    return [
+        name
+        for name, module in list(sys.modules.items())
+        if (name == "libp2p" or name.startswith("libp2p."))
+        and any(value is original for value in vars(module).values())
+    ]
+
+
+def _missing(where: str, names: list[str]) -> str:
+    return (
+        f"py-libp2p {installed_version()} has no {', '.join(names)} in {where}: the "
+        f"network's patches no longer apply ({DOCS})"
+    )

@@ -1,0 +1,91 @@
+"""net/patches.py: py-libp2p's internals are patched in one place, and a library the
+patches do not fit stops the network at start with one line (docs/libp2p.md#patches)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import pytest
+
+from sapo_node.net import patches
+
+
+def test_every_module_holds_the_nodes_version_of_what_it_replaces() -> None:
+    """No py-libp2p module, imported before the patches or after, still holds a library
+    function they replace there (the relay's discovery module imported the signed-record
+    builder too, and no list of modules named it)."""
+    import libp2p
+
+    import sapo_node.net.host  # noqa: F401  (what the network process imports)
+
+    patches.apply()
+    for info in pkgutil.walk_packages(libp2p.__path__, "libp2p."):
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # optional extras (a transport's dependency) need not import
+            continue
+    assert patches.still_holding() == []
+    identify = sys.modules["libp2p.identity.identify_push.identify_push"]
+    assert identify._mk_identify_protobuf.__qualname__.endswith("identify_for")
+
+
+def test_a_changed_library_stops_the_network_with_one_line(monkeypatch) -> None:
+    from libp2p.pubsub.gossipsub import GossipSub
+
+    monkeypatch.delattr(GossipSub, "handle_prune")  # as if an upgrade renamed it
+    with pytest.raises(patches.PatchError) as failed:
+        patches.apply()
+    message = str(failed.value)
+    assert "\n" not in message
+    assert "handle_prune" in message and "libp2p.pubsub.gossipsub.GossipSub" in message
+    assert "docs/libp2p.md#patches" in message
+
+
+def test_a_missing_module_symbol_is_named(monkeypatch) -> None:
+    monkeypatch.setattr(patches, "_original", {})  # not applied yet in this process
+    from libp2p.peer import peerstore
+
+    monkeypatch.delattr(peerstore, "env_to_send_in_RPC")
+    with pytest.raises(patches.PatchError, match="env_to_send_in_RPC in libp2p.peer.peerstore"):
+        patches.apply()
+
+
+def test_another_library_version_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(patches, "installed_version", lambda: "0.9.0")
+    with pytest.raises(patches.PatchError, match="py-libp2p 0.9.0 is installed.*0.8.1"):
+        patches.apply()
+
+
+def test_the_library_state_the_node_uses_is_checked_on_its_objects() -> None:
+    from types import SimpleNamespace
+
+    with pytest.raises(patches.PatchError, match="no graft_flood_tracking in GossipSub"):
+        patches.check_state(SimpleNamespace(mesh={}), ("mesh", "graft_flood_tracking"), "GossipSub")
+
+
+def test_the_network_process_sends_the_patch_error_as_its_fatal_one(monkeypatch) -> None:
+    import trio
+
+    from sapo_node.net import host, ipc
+
+    def refuse() -> None:
+        raise patches.PatchError("py-libp2p 0.9.0 is installed; ...")
+
+    monkeypatch.setattr(patches, "apply", refuse)
+    sent = []
+
+    class Out:
+        async def send(self, frame) -> None:
+            sent.append(frame)
+
+    class Commands:
+        async def receive(self):
+            return ["settings", {"listen": ["/ip4/127.0.0.1/tcp/0"]}]
+
+    monkeypatch.setattr(ipc, "FrameReader", lambda stream: Commands())
+    monkeypatch.setattr(ipc, "FrameWriter", lambda stream: Out())
+    monkeypatch.setattr(trio.lowlevel, "FdStream", lambda fd: None)
+    assert trio.run(host._main, 0, 1) == 1
+    assert sent == [["fatal", "py-libp2p 0.9.0 is installed; ..."]]
