@@ -11,7 +11,11 @@ task, compared the question and scored every completion with its own verifier
   before any costly check runs;
 - free of duplicates: the digest of (author, task, completions) is remembered for
   ``max_age_s`` after the group was seen, even once the group was used or evicted;
-- fresh: groups older than ``max_age_s`` (300 s by default) are refused and expire. The
+- fresh: groups older than ``max_age_s`` (300 s by default) are refused and expire. A
+  group's age counts from its creation (the author's ``created``, which the intake took
+  within the clock skew it allows), or from its arrival if that is earlier: a group that
+  arrives 299 s old leaves 1 s later, and one dated ahead of this node's clock ages from
+  its arrival, never longer than ``max_age_s`` in the pool. The
   paper trains each round on the rollouts peers made in the current rounds; a pool that
   draws uniformly over an hour of arrivals trains on groups tens of rounds old (a
   simulation with 7 peers publishing 4 groups a round and J = 4 drew groups ~60 rounds
@@ -21,10 +25,12 @@ task, compared the question and scored every completion with its own verifier
   is favoured); the age of what each round trains on is a metric
   (``groups/external_age_s``), and so is the same age in the receiver's own rounds
   (``groups/external_age_rounds``: each group keeps the round in which it arrived,
-  ``round_clock``);
+  ``round_clock``). Ages are read from ``clock``, one parameter of the pool (the wall
+  clock by default), which the intake reads too;
 - persistent: one SQLite file in the data directory, so a restart keeps it. A file written
-  before groups kept their arrival round gains the column when opened (its groups' round
-  is unknown: NULL); a version that does not know the column ignores it;
+  before groups kept their arrival round, or their creation time, gains the column when
+  opened (its groups' round is unknown: NULL; a group without a creation time ages from
+  its arrival); a version that does not know a column ignores it;
 - accountable: per author, how many groups were accepted and refused, by reason, and
   what became of accepted ones that were never trained on: ``expired`` (aged out of the
   pool unused; a group already too old on arrival is the intake's ``too_old``),
@@ -83,7 +89,8 @@ AGED_OUT = "expired"  # a pooled group older than max_age_s, never drawn
 class PooledGroup:
     """A peer's group with the rewards this node's own verifier gave its completions.
 
-    ``received``: when it entered the pool (this node's clock, seconds);
+    ``received``: when it entered the pool (this node's clock, seconds; it ages from
+    ``group.created_ms`` or from this, whichever is earlier: ``Pool``);
     ``received_round``: this node's round then (``Pool.round_clock``; None if unknown).
     """
 
@@ -279,7 +286,8 @@ CREATE TABLE IF NOT EXISTS groups (
     received REAL NOT NULL,
     size INTEGER NOT NULL,
     message BLOB NOT NULL,
-    received_round INTEGER
+    received_round INTEGER,
+    born REAL
 );
 CREATE INDEX IF NOT EXISTS groups_author ON groups (author, key);
 CREATE INDEX IF NOT EXISTS groups_received ON groups (received);
@@ -299,8 +307,10 @@ class PoolError(RuntimeError):
 class Pool:
     """The bounded, persisted rollout pool (``path=None`` keeps it in memory).
 
-    ``clock``: seconds now; ``round_clock``: the owning node's round now, kept with each
-    group as it is added (``PooledGroup.received_round``; None: not known).
+    ``clock``: seconds now, the time groups arrive and age by (the wall clock unless
+    given; the author's ``created`` is on the same scale); ``round_clock``: the owning
+    node's round now, kept with each group as it is added (``PooledGroup.received_round``;
+    None: not known).
     """
 
     def __init__(
@@ -385,7 +395,8 @@ class Pool:
             cand_fields = (item.author, item.group.ref.family, reward_spread(item.rewards), now)
             cur = self._db.execute(
                 "INSERT OR IGNORE INTO groups (digest, author, family, spread, received, "
-                "rewards, size, message, received_round) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "rewards, size, message, received_round, born) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     digest,
                     *cand_fields,
@@ -393,6 +404,7 @@ class Pool:
                     len(data),
                     bytes(data),
                     self.round_clock(),
+                    min(item.group.created_ms / 1000.0, now),  # ages from here (docstring)
                 ),
             )
             if cur.rowcount:
@@ -554,7 +566,10 @@ class Pool:
     def _expire(self, now: float) -> None:
         cutoff = now - self.max_age_s
         stale = [
-            k for (k,) in self._db.execute("SELECT key FROM groups WHERE received < ?", (cutoff,))
+            k
+            for (k,) in self._db.execute(
+                "SELECT key FROM groups WHERE COALESCE(born, received) < ?", (cutoff,)
+            )
         ]
         if stale:
             self._delete(stale, AGED_OUT)
@@ -635,6 +650,9 @@ def _connect(where: str) -> sqlite3.Connection:
         columns = {name for _, name, *_ in db.execute("PRAGMA table_info(groups)")}
         if "received_round" not in columns:  # written before groups kept their round
             db.execute("ALTER TABLE groups ADD COLUMN received_round INTEGER")
+        if "born" not in columns:  # written before groups aged from their creation
+            db.execute("ALTER TABLE groups ADD COLUMN born REAL")
+        db.execute("CREATE INDEX IF NOT EXISTS groups_age ON groups (COALESCE(born, received))")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.isolation_level = ""  # "with db:" makes one transaction
     except sqlite3.Error:

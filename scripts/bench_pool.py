@@ -95,10 +95,10 @@ def basic_arithmetic_messages(
 
 
 def synthetic_group(
-    rng: random.Random, author: str, n: int, family: str, p: float
+    rng: random.Random, author: str, n: int, family: str, p: float, created: float | None = None
 ) -> tuple[PooledGroup, bytes, bytes]:
     """A pool entry of any family (the pool never looks at the question): real bytes,
-    rewards drawn as 8 Bernoulli(p)."""
+    rewards drawn as 8 Bernoulli(p), made at ``created`` (now if None)."""
     group = wire.RolloutGroup(
         ref=TaskRef.make(family, {}, 1, n),
         generator=generator_of(family),
@@ -106,7 +106,7 @@ def synthetic_group(
         completions=tuple(completion(rng, str(n)) for _ in range(COMPLETIONS)),
         model="embedded",
         round=n,
-        created_ms=int(time.time() * 1000),
+        created_ms=int((time.time() if created is None else created) * 1000),
     )
     rewards = tuple(1.0 if rng.random() < p else 0.0 for _ in range(COMPLETIONS))
     return PooledGroup(group, author, rewards), wire.encode(group), group_digest(author, group)
@@ -415,12 +415,13 @@ def bench_policies(rounds: int = 200, draw: int = 4) -> None:
     held_share: dict[str, float] = {}
     stream_rng = random.Random(12)
     stream = skewed_stream(stream_rng, 40 * rounds)
-    entries = [
-        synthetic_group(stream_rng, author, n, family, p)
+    start = time.time()
+    entries = [  # each made in the round that adds it (the pool ages groups from creation)
+        synthetic_group(stream_rng, author, n, family, p, start + 32.0 * (n // 40))
         for n, (author, family, p) in enumerate(stream)
     ]
     for name in live:
-        now = [time.time()]
+        now = [start]
         pool = Pool(None, sampling=name, clock=lambda now=now: now[0])
         rng = random.Random(13)
         shares, drawn = [], Counter[str]()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import doctest
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -336,7 +337,7 @@ def _pool_one(pool: Pool, author: str, index: int) -> None:
         completions=("a", "b"),
         model="m",
         round=0,
-        created_ms=0,
+        created_ms=int(time.time() * 1000),
     )
     pool.add(PooledGroup(g, author, (1.0, 0.0)), wire.encode(g), group_digest(author, g))
 

@@ -64,8 +64,10 @@ def entry(
     n: int,
     rewards: tuple[float, ...] = SIGNAL,
     family: str = "basic_arithmetic",
+    created: float = T0,
 ) -> tuple[PooledGroup, bytes, bytes]:
-    """Group number ``n`` of ``author``: a real encoded message of fixed size."""
+    """Group number ``n`` of ``author``, made at ``created``: a real encoded message of
+    fixed size."""
     if family == "basic_arithmetic":
         ref, question = REF, _question(REF)
     else:
@@ -77,14 +79,16 @@ def entry(
         completions=tuple(f"<answer>{n:06d}-{i}</answer>" for i in range(len(rewards))),
         model="tiny",
         round=1,
-        created_ms=int(T0 * 1000),
+        created_ms=int(created * 1000),
     )
     data = wire.encode(group)
     return PooledGroup(group, author, rewards), data, group_digest(author, group)
 
 
 def put(pool: Pool, author: str, n: int, **kw) -> bytes:
-    """Add group ``n`` of ``author``; return its digest."""
+    """Add group ``n`` of ``author``, made just now unless ``created`` says; return its
+    digest."""
+    kw.setdefault("created", pool.clock())
     item, data, digest = entry(author, n, **kw)
     pool.add(item, data, digest)
     return digest
@@ -208,6 +212,42 @@ def test_groups_expire_by_age_on_add_and_on_sample() -> None:
     clock.advance(60.0)  # a1 is 110 s old, b10 60 s
     assert [(g.author, number(g)) for g in pool.sample(5, random.Random(0))] == [("b", 10)]
     assert pool.counts()["a"]["expired"] == 2
+
+
+def test_a_group_ages_from_its_creation_bounded_by_its_arrival() -> None:
+    """Issue 47: a group that arrives 99 s old (max_age_s 100) is gone 2 s later, not
+    100 s later; one dated 50 s ahead of this node's clock (a skew the intake allows)
+    ages from its arrival, so it stays no longer than max_age_s either."""
+    clock = Clock()
+    pool = make_pool(clock=clock, max_age_s=100.0)
+    put(pool, "old", 0, created=clock() - 99.0)
+    put(pool, "ahead", 1, created=clock() + 50.0)
+    put(pool, "fresh", 2)
+    clock.advance(2.0)
+    put(pool, "later", 3)  # an add expires what is stale
+    assert len(pool) == 3 and pool.counts()["old"] == {"accepted": 1, "expired": 1}
+    clock.advance(99.0)  # 101 s since the first three arrived, 51 s after "ahead"'s date
+    assert drain(pool) == {("later", 3)}
+    assert pool.counts()["ahead"]["expired"] == pool.counts()["fresh"]["expired"] == 1
+
+
+def test_a_file_from_before_creation_times_ages_its_groups_from_arrival(tmp_path: Path) -> None:
+    path = tmp_path / "pool.sqlite3"
+    clock = Clock()
+    pool = make_pool(path, clock, max_age_s=100.0)
+    put(pool, "a", 0, created=clock() - 90.0)
+    pool.close()
+    db = sqlite3.connect(path)
+    db.execute("DROP INDEX groups_age")
+    db.execute("ALTER TABLE groups DROP COLUMN born")  # as the old schema had it
+    db.commit()
+    db.close()
+    clock.advance(50.0)
+    again = make_pool(path, clock, max_age_s=100.0)
+    put(again, "a", 1, created=clock() - 90.0)
+    clock.advance(20.0)  # "a" 0 arrived 70 s ago (its creation unknown), "a" 1 is 110 s old
+    assert drain(again) == {("a", 0)}
+    again.close()
 
 
 def test_stale_groups_expire_before_fresh_ones_are_evicted() -> None:
