@@ -33,7 +33,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sapo_node.config import (
+from sapo_node.net.dnsaddr import parse
+from sapo_node.options import (
     SWARM_NAME,
     Config,
     ConfigError,
@@ -41,7 +42,6 @@ from sapo_node.config import (
     _deep_merge,
     _describe,
 )
-from sapo_node.net.dnsaddr import parse
 from sapo_node.wire import MAX_SHARDS, PROTOCOL_VERSION
 
 # What [swarm] and [tasks] say, which [recommended] may not say again, differently.
