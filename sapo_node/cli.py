@@ -8,22 +8,24 @@ checkpoint, a data directory in use) print one line and exit with code 1. What r
 
 from __future__ import annotations
 
-import copy
-import inspect
 import json
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import Annotated
 
 import click
 import typer
 
 from sapo_node import __version__
-from sapo_node.config import ConfigError, load_config
+from sapo_node.config import ConfigError
+from sapo_node.flags import (
+    Device,
+    NodeOptions,
+    UsageProblem,
+    load_with_flags,
+    takes_node_options,
+)
 
 try:  # typer >= 0.20 vendors its own click
     from typer._click import exceptions as _typer_click
@@ -44,203 +46,8 @@ app = typer.Typer(
 )
 
 
-class Device(StrEnum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-    mps = "mps"
-
-
-class UsageProblem(click.UsageError):
-    """A bad value found after parsing (exit code 2)."""
-
-
-def _overrides(**flags: Any) -> dict[str, Any]:
-    """CLI flags that were given, as a nested config override."""
-    where = {
-        "model": ("model", "name"),
-        "data_dir": ("node", "data_dir"),
-        "rounds": ("node", "rounds"),
-        "device": ("node", "device"),
-        "seed": ("node", "seed"),
-        "json_logs": ("node", "json_logs"),
-        "local": ("train", "local_groups"),
-        "external": ("train", "external_groups"),
-        "lora": ("model", "lora", "enabled"),
-        "swarm": ("net", "swarm"),
-        "swarm_file": ("net", "swarm_file"),
-        "allow_swarm_code": ("net", "allow_swarm_code"),
-        "listen": ("net", "listen"),
-        "announce": ("net", "announce"),
-        "bootstrap": ("net", "bootstrap"),
-        "offline": ("net", "enabled"),
-        "status_listen": ("status", "listen"),
-    }
-    out: dict[str, Any] = {}
-    for name, value in flags.items():
-        if value is None or value == []:
-            continue
-        if name == "offline":
-            value = not value
-        *path, leaf = where[name]
-        node = out
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = value.value if isinstance(value, Enum) else value
-    return out
-
-
-def _config(config_file: Path | None, **flags: Any):
-    try:
-        return load_config(config_file, _overrides(**flags))
-    except ConfigError as exc:
-        raise UsageProblem(str(exc)) from None
-
-
-def _node_options(
-    config: Annotated[
-        Path | None, typer.Option("--config", help="TOML config file (see configs/).")
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(help="'embedded' (default), a local model directory or a Hugging Face id."),
-    ] = None,
-    data_dir: Annotated[
-        Path | None, typer.Option(help="State directory: checkpoints, metrics, model cache.")
-    ] = None,
-    rounds: Annotated[
-        int | None, typer.Option(min=0, help="Stop after N rounds in total (0: until stopped).")
-    ] = None,
-    local: Annotated[int | None, typer.Option(min=0, help="I: own tasks per round.")] = None,
-    external: Annotated[int | None, typer.Option(min=0, help="J: peers' groups per round.")] = None,
-    device: Annotated[
-        Device | None, typer.Option(help="Compute device; auto picks CUDA, then MPS, then CPU.")
-    ] = None,
-    lora: Annotated[
-        bool | None, typer.Option("--lora/--no-lora", help="Train LoRA adapters or all weights.")
-    ] = None,
-    seed: Annotated[
-        int | None, typer.Option(min=0, help="Base seed of tasks and sampling.")
-    ] = None,
-    json_logs: Annotated[
-        bool | None, typer.Option("--json-logs", help="Log JSON lines (for machines).")
-    ] = None,
-    swarm: Annotated[
-        str | None, typer.Option(help="Swarm name (its GossipSub topic: sapo/NAME/rollouts/v2).")
-    ] = None,
-    swarm_file: Annotated[
-        Path | None,
-        typer.Option(
-            help="A swarm's published file (TOML): its name, bootstrap peers, tasks and "
-            "recommended config, laid under your own config."
-        ),
-    ] = None,
-    allow_swarm_code: Annotated[
-        bool | None,
-        typer.Option(
-            "--allow-swarm-code",
-            help="Let the swarm file name custom task families (module:attr), which the node "
-            "imports and runs: only for a file whose source you trust.",
-        ),
-    ] = None,
-    listen: Annotated[
-        list[str] | None,
-        typer.Option(help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4141 (repeatable)."),
-    ] = None,
-    announce: Annotated[
-        list[str] | None,
-        typer.Option(help="Multiaddr to give peers instead of the listen ones (repeatable)."),
-    ] = None,
-    bootstrap: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Peer to join through, /ip4/.../tcp/PORT/p2p/ID or /dnsaddr/NAME (repeatable)."
-        ),
-    ] = None,
-    offline: Annotated[
-        bool | None, typer.Option("--offline", help="Train alone: no network at all.")
-    ] = None,
-    no_train: Annotated[
-        bool,
-        typer.Option(
-            "--no-train",
-            help="Do not train: relay and bootstrap the swarm with no model loaded, or with "
-            "--generate share what the model writes.",
-        ),
-    ] = False,
-    generate: Annotated[
-        bool,
-        typer.Option(
-            "--generate",
-            help="With --no-train: a generating member (generates, scores and shares its "
-            "own groups; never trains, takes nothing from the pool).",
-        ),
-    ] = False,
-    status_listen: Annotated[
-        str | None,
-        typer.Option(
-            help="HOST:PORT of the status endpoint (/status, /metrics, /healthz); default "
-            "127.0.0.1:9141 (a free port when another node holds it); port 0 picks a free one."
-        ),
-    ] = None,
-) -> None:
-    """The options of ``start`` and ``doctor``: a signature only (``_takes_node_options``)."""
-
-
-@dataclass(frozen=True)
-class NodeOptions:
-    """The options ``start`` and ``doctor`` were given."""
-
-    config: Path | None
-    no_train: bool
-    generate: bool
-    flags: dict[str, Any]  # the options that override config fields, by name
-
-    @property
-    def relay(self) -> bool:
-        """``--no-train`` alone: a relay, no model."""
-        return self.no_train and not self.generate
-
-    def node_config(self):
-        """The node's config: flags over the file, and ``--generate`` (with ``--no-train``)
-        as ``train.enabled = false``."""
-        if self.generate and not self.no_train:
-            raise UsageProblem("--generate is for a member that does not train: add --no-train")
-        cfg = _config(self.config, **self.flags)
-        if self.generate:
-            train = cfg.train.model_copy(update={"enabled": False})
-            cfg = cfg.model_copy(update={"train": train})
-        return cfg
-
-
-def _takes_node_options(**help_for: str) -> Callable[[Callable[[NodeOptions], None]], Any]:
-    """Give a command the options of ``_node_options`` (``help_for``: its own help text
-    for some of them); it is called with them as one ``NodeOptions``."""
-    shared = inspect.signature(_node_options, eval_str=True)
-    params = []
-    for p in shared.parameters.values():
-        if p.name in help_for:
-            kind, option = get_args(p.annotation)
-            option = copy.copy(option)
-            option.help = help_for[p.name]
-            p = p.replace(annotation=Annotated[kind, option])
-        params.append(p)
-
-    def decorate(command: Callable[[NodeOptions], None]) -> Any:
-        def with_options(**given: Any) -> None:
-            config, no_train, generate = (given.pop(k) for k in ("config", "no_train", "generate"))
-            command(NodeOptions(config, no_train, generate, given))
-
-        with_options.__name__ = command.__name__
-        with_options.__doc__ = command.__doc__
-        with_options.__signature__ = shared.replace(parameters=params)  # type: ignore[attr-defined]
-        return with_options
-
-    return decorate
-
-
 @app.command()
-@_takes_node_options()
+@takes_node_options()
 def start(options: NodeOptions) -> None:
     """Start a node: load the model, join the swarm, then run rounds until stopped (Ctrl-C
     saves and exits)."""
@@ -279,7 +86,7 @@ def identity(
     from sapo_node.net.host import announced_addresses
     from sapo_node.net.reach import decide
 
-    cfg = _config(config, data_dir=data_dir, listen=listen, announce=announce)
+    cfg = load_with_flags(config, data_dir=data_dir, listen=listen, announce=announce)
     try:
         key = ident.load_or_create(cfg.node.resolved_data_dir())
     except NetError as exc:
@@ -344,7 +151,7 @@ def swarm(
     port, bootstrapped to each other) and show them in one view; Ctrl-C stops them all."""
     from sapo_node.swarm import Passthrough, SwarmError, run_swarm
 
-    _config(  # a bad option or config file: one usage error here, not N in the logs
+    load_with_flags(  # a bad option or config file: one usage error here, not N in the logs
         config,
         model=model,
         rounds=rounds,
@@ -409,7 +216,7 @@ def evaluate_cmd(
 ) -> None:
     """Run the held-out evaluation (pass@1 and greedy accuracy per family, on tasks no node
     trains on) on a node's latest checkpoint, or the one given."""
-    cfg = _config(config, data_dir=data_dir, model=model, device=device)
+    cfg = load_with_flags(config, data_dir=data_dir, model=model, device=device)
     extra = {k: v for k, v in (("tasks", tasks), ("samples", samples)) if v is not None}
     if extra:
         try:
@@ -558,7 +365,7 @@ def share(
     line is checked exactly as a receiver checks a peer's group (regenerated, compared,
     scored) before it is sent; refused lines are reported with their line number and
     reason, and a file with a refused line sends nothing (--skip-refused sends the rest)."""
-    cfg = _config(
+    cfg = load_with_flags(
         config,
         swarm=swarm,
         listen=listen or ["/ip4/0.0.0.0/tcp/0"],  # a node may hold the usual port here
@@ -637,7 +444,7 @@ def tasks(
     from sapo_node.curriculum import Curriculum
     from sapo_node.tasks import generator_of
 
-    cfg = _config(config)
+    cfg = load_with_flags(config)
     known = Curriculum(cfg.tasks.families, cfg.curriculum).known_configs()
     out = {
         name: {
@@ -657,7 +464,7 @@ def show_pool(
     """Print what the node's pool holds and, per peer, groups accepted and refused by reason."""
     from sapo_node.pool import PoolError, summary
 
-    cfg = _config(config, data_dir=data_dir)
+    cfg = load_with_flags(config, data_dir=data_dir)
     try:
         typer.echo(json.dumps(summary(cfg.node.resolved_data_dir() / "pool.sqlite3"), indent=2))
     except PoolError as exc:
@@ -674,7 +481,7 @@ def show_status(
     answers or it is unhealthy)."""
     from sapo_node.status import StatusError, read_status, summary
 
-    cfg = _config(config, data_dir=data_dir)
+    cfg = load_with_flags(config, data_dir=data_dir)
     try:
         facts = read_status(cfg.node.resolved_data_dir())
     except StatusError as exc:
@@ -689,7 +496,7 @@ def show_config(
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
 ) -> None:
     """Print the resolved config (file, environment and defaults) as JSON."""
-    typer.echo(_config(config).model_dump_json(indent=2))
+    typer.echo(load_with_flags(config).model_dump_json(indent=2))
 
 
 @app.command("export")
@@ -715,7 +522,7 @@ def export_cmd(
     node's adapter (PeftModel.from_pretrained; --merge for the merged model)."""
     from sapo_node.export import ExportError, export_checkpoint, summary
 
-    cfg = _config(config, data_dir=data_dir)
+    cfg = load_with_flags(config, data_dir=data_dir)
     try:
         result = export_checkpoint(
             cfg, out, checkpoint=checkpoint, merge=merge, force=force, model=model
@@ -729,7 +536,7 @@ def export_cmd(
 
 
 @app.command()
-@_takes_node_options(json_logs="Ignored.")
+@takes_node_options(json_logs="Ignored.")
 def doctor(options: NodeOptions) -> None:
     """Check this machine against a node's config (the same options as start): versions,
     torch's build, memory, disk, port, identity key, data directory. One line per check;

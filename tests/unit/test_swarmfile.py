@@ -355,7 +355,8 @@ def test_a_files_custom_family_is_refused_unless_the_user_allows_it(
     cfg = load_config(user, {"tasks": {"families": [{"name": "basic_arithmetic"}]}}, environ={})
     assert [f.name for f in cfg.tasks.families] == ["basic_arithmetic"]
     # allowed by the user (flag, or their own config): the family is the swarm's
-    from sapo_node.cli import _config, main
+    from sapo_node.cli import main
+    from sapo_node.flags import load_with_flags as _config
 
     cfg = _config(None, swarm_file=path, allow_swarm_code=True)
     assert cfg.tasks.families[0].name == "swarm_payload:Family" and cfg.net.allow_swarm_code
