@@ -41,20 +41,14 @@ bfloat16 (GPUs, CPUs with bfloat16 instructions) and 4 where it computes in floa
     the allocator's slack, fitted to the measurements below;
   - generation: the KV cache preallocated for the whole generation, S (p + N) a 2K b;
 - the processes: 400 MiB for the node (Python, torch, transformers, the tokenizer), 150
-  MiB for the scoring worker, 150 MiB for the network process when the node is online
-  (measured here: 366, 131 and 122 MiB); on a GPU, 512 MiB of CUDA context there, and
+  MiB for the scoring worker, 150 MiB for the network process when the node is online;
+  on a GPU, 512 MiB of CUDA context there, and
   host memory for the processes and the model as loaded before it moves (4P; LoRA bP).
 
-Against measurements of the embedded model (P = 134.5 M, 2 cores, torch 2.13 CPU, float32,
-2026-12-02; ``tests/unit/test_doctor.py`` keeps them and ``-m slow`` measures them
-again): three training steps of 2 prompts (104 tokens) x 8 completions of exactly N
-tokens, micro-batch 8, float32 moments, the node's allocator setting, peak RSS of the
-process: full fine-tuning at N = 64 3672 MiB (formula 3727), with gradient checkpointing
-2842 MiB (2966), LoRA at N = 64 1695 MiB (1988) and at N = 32 1411 MiB (1639). Real node
-rounds, whose completions mostly end before 64 tokens, peak lower than the formula's
-worst case: with those settings 2707 MiB full (formula 3759 at p = 128), 1447 MiB LoRA
-(2020); with the defaults on a CPU computing in bfloat16, 2119 MiB full (2935), 1159 MiB
-LoRA (1189) (round 1 of ``sapo-node start --rounds 2 --offline --seed 1 [--lora]``).
+The formula is fitted to measurements of the embedded model, kept in
+``tests/unit/test_doctor.py`` (``-m slow`` measures them again), and real node rounds,
+whose completions mostly end before 64 tokens, peak lower than its worst case: both in
+docs/benchmarks.md, *Memory of a node over many rounds*.
 
 Disk (``disk_need``): a checkpoint holds the trainable weights and the optimiser's two
 moments, 8P bytes (full; 12P with float32 moments) or 8A (LoRA); a node keeps

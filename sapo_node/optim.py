@@ -15,7 +15,7 @@ temporary per operation, so a step neither asks the allocator for gigabytes of f
 (each first touched, and zeroed, by the kernel: more than the arithmetic on a CPU) nor
 leaves the cache. The rounding noise is drawn once per step and device (``CHUNK`` 32-bit
 values: 16 bits for each moment) and reused by every slice: drawing it per element took
-5x the update's own time on a CPU. Each moment's rounding stays unbiased at every step;
+several times the update's own time on a CPU. Each moment's rounding stays unbiased at every step;
 elements at the same offset of different slices round together within a step, never
 across steps.
 """

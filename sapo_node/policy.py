@@ -509,8 +509,8 @@ def _packed_linears(
     nothing is packed and the set is empty.
 
     ``F.linear`` on a plain bfloat16 weight has oneDNN repack the weight at every call: a
-    decode step's products were 1.4-1.6x slower than on a packed copy, which gives the same
-    outputs (docs/benchmarks.md). Where torch has no oneDNN, or it refuses the dtype,
+    decode step's products are slower than on a packed copy, which gives the same outputs
+    (docs/benchmarks.md, CPU paths). Where torch has no oneDNN, or it refuses the dtype,
     nothing is packed.
     """
     linears = [

@@ -23,7 +23,7 @@ their own causal mask.
 
 With gradient checkpointing on, a micro-batch of at most ``checkpoint_above_tokens``
 tokens (unset: 768 for full fine-tuning, 0 with LoRA) runs without it: its activations are
-small and its step 1.3x faster.
+small and its step faster (docs/benchmarks.md, CPU paths).
 
 Old-policy log-probs are real: with ``ppo_epochs > 1`` the first epoch's log-probs
 (detached) are the old policy's, since no step has been taken yet, and are kept for the
@@ -326,7 +326,7 @@ class Trainer:
         else:
             opt_cls = torch.optim.AdamW if settings.optimizer == "adamw" else torch.optim.Adam
             # One fused kernel per parameter on CPU and CUDA: the same update as the default
-            # loop, 3x faster here and without its per-parameter temporaries.
+            # loop, faster and without its per-parameter temporaries.
             fused = True if policy.device.type in FUSED_OPTIMIZER_DEVICES else None
             self.optimizer = opt_cls(
                 params,
@@ -561,7 +561,7 @@ class Trainer:
         """Gradient checkpointing as the model was loaded, but off for a micro-batch of at
         most ``checkpoint_above_tokens`` tokens (unset: 768, or 0 with LoRA): its
         activations are small, and recomputing its layers in backward would make its step
-        1.3x slower (docs/benchmarks.md)."""
+        slower (docs/benchmarks.md, CPU paths)."""
         if mb.input_ids.numel() > self.settings.unchecked_tokens(self.policy.is_lora):
             return contextlib.nullcontext()
         return _checkpointing_off(self.policy.model)

@@ -94,9 +94,9 @@ class ModelSection(_Section):
     gradient_checkpointing: bool = Field(
         True,
         description="Recompute each layer's forward in backward: activations stay small, so "
-        "a whole round trains in one micro-batch (train.micro_batch_size); for the embedded "
-        "model on a CPU 1.2-1.3x the training step's time, so micro-batches of at most "
-        "train.checkpoint_above_tokens skip it. false: faster steps, more memory: lower "
+        "a whole round trains in one micro-batch (train.micro_batch_size), at a cost in the "
+        "training step's time, so micro-batches of at most train.checkpoint_above_tokens "
+        "skip it. false: faster steps, more memory: lower "
         "train.micro_batch_size with it (docs/benchmarks.md).",
     )
     lora: LoraSection = Field(default_factory=LoraSection)
@@ -315,7 +315,7 @@ class TrainSection(_Section):
     optimizer_state: Literal["bfloat16", "float32"] = Field(
         "bfloat16",
         description="Storage of Adam's two moments: bfloat16, stochastically rounded, halves "
-        "the optimiser's memory (0.5 GiB less for the embedded model; sapo_node/optim.py); "
+        "the optimiser's memory (sapo_node/optim.py; docs/benchmarks.md); "
         "float32: torch's fused Adam(W).",
     )
     lr: float = Field(1e-5, gt=0.0, le=1.0, description="Learning rate.")
@@ -337,8 +337,8 @@ class TrainSection(_Section):
         ge=0,
         description="With model.gradient_checkpointing: a micro-batch of at most this many "
         "tokens (prompts and completions as packed, padding included) runs without it: "
-        "its activations are small (about 0.7 MiB a token for the embedded model, 0.5 GB "
-        "at 768; larger models need more: scale it down) and its step is 1.3x faster. "
+        "its activations are small (larger models need more: scale it down) and its step "
+        "faster (docs/benchmarks.md, CPU paths). "
         "0: every micro-batch checkpointed. Unset: 768 for full fine-tuning, 0 with LoRA "
         "(whose point is memory).",
     )
