@@ -7,12 +7,25 @@ an address that leads nowhere, and the node would serve the DHT and relays to no
 So such a node asks public peers to dial it back, on py-libp2p's AutoNAT v1
 (``/libp2p/autonat/1.0.0``), and acts on their answers (``Network._check_reachability``):
 
-- AGREE peers (from distinct IP addresses) failed to dial it and none succeeded: it
-  becomes private (reason ``autonat``): DHT client, no relay service, its unreachable
-  addresses hidden from peers, a relay reservation instead. A node public because it
-  was given ``--announce`` stays public (the user said so) and its log says which
-  announced address peers could not dial.
-- one peer dialled it back: it is public, confirmed (``/status``: ``autonat``).
+- Answers count by the server's network, a /24 for IPv4 and a /48 for IPv6 (one
+  operator's block, one vote, however many addresses it holds), and by majority
+  (:func:`verdict`). AGREE such networks failed to dial it and more of them failed than
+  succeeded: it becomes private (reason ``autonat``): DHT client, no relay service, its
+  unreachable addresses hidden from peers, a relay reservation instead. A node public
+  because it was given ``--announce`` stays public (the user said so) and its log says
+  which announced address peers could not dial.
+- at least as many networks dialled it back as failed: it is public, confirmed
+  (``/status``: ``autonat``).
+- a swarm with a single public node has one network to ask. When it failed, none
+  succeeded and for ALONE_S after that answer no peer outside the LAN has connected to
+  this node directly (which a peer that could dial it would have done), that one answer
+  is enough: a firewalled VPS, or a home IPv6 address behind the router's firewall,
+  turns private rather than serve the DHT to nobody.
+
+A node private by AutoNAT asks again every RECHECK_PRIVATE_S and turns public again
+when the answers say so: one demoted by lying servers, or by a failure that has since
+passed (a firewall opened), recovers without a restart once honest networks are as many.
+A public one asks again every RECHECK_S (a firewall can change).
 
 The library's server answers a dial-back request with ``host.connect``, which returns
 at once when a connection to the asker is open, and it always is: the request came over
@@ -24,14 +37,16 @@ handshake proves the asker's peer ID. It dials only addresses on the asker's obs
 IP (the library's rule: no amplification), only for the peer that asked, and within
 rate limits (a peer's request once a minute, PER_MINUTE requests in all).
 
-Dial-backs from distinct IPs are what the verdict counts: one host of many identities
-counts once. A lying server can only say "failed" (two agreeing from two IPs demote a
-node: it then reaches the swarm through relays) or "OK" (the node stays as it started).
+Dial-backs from distinct networks are what the verdict counts: one operator of many
+identities or addresses counts once. A lying server can only say "failed" (a majority
+of networks, at least AGREE, demote a node until the next check; it then reaches the
+swarm through relays) or "OK" (the node stays as it started).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import time
 from collections.abc import Iterable
 
@@ -48,7 +63,10 @@ from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_byt
 log = structlog.get_logger("sapo_node.net")
 
 PROTOCOL = AUTONAT_PROTOCOL_ID
-AGREE = 2  # failed dial-backs, from distinct IPs, that make a node private
+AGREE = 2  # networks (a /24, a /48) whose dial-backs failed, that make a node private
+IPV4_PREFIX, IPV6_PREFIX = 24, 48  # a server's network: one vote
+ALONE_S = 120.0  # one network's failure, then this long with no peer dialling in: private
+RECHECK_PRIVATE_S = 600.0  # a node private by AutoNAT asks again this often
 SERVERS = 4  # peers asked in one check
 CONNECT_S = 5.0  # a dial-back's TCP connect: a firewall that drops shows here
 HANDSHAKE_S = 15.0  # then its Noise handshake (an asker on a loaded machine is slow)
@@ -67,8 +85,9 @@ class SwarmAutoNAT(AutoNATService):
     rate-limited (docs/libp2p.md#autonat-dial-back). ``serve`` says whether this node
     answers (a public node)."""
 
-    def __init__(self, host, *, serve: bool) -> None:
+    def __init__(self, host, *, serve: bool, peer_every_s: float = PEER_EVERY_S) -> None:
         super().__init__(host, serve=serve)
+        self.peer_every_s = peer_every_s
         self.served: dict[ID, float] = {}  # asker -> when its last request was served
         self.minute: list[float] = []
         self.dial_backs = {"ok": 0, "failed": 0, "refused": 0}
@@ -79,7 +98,7 @@ class SwarmAutoNAT(AutoNATService):
         now = time.monotonic()
         self.minute = [t for t in self.minute if now - t < 60.0]
         if (
-            now - self.served.get(asker, -PEER_EVERY_S) < PEER_EVERY_S
+            now - self.served.get(asker, -self.peer_every_s) < self.peer_every_s
             or len(self.minute) >= PER_MINUTE
         ):
             self.dial_backs["refused"] += 1
@@ -154,21 +173,49 @@ def tcp_target(raw: bytes) -> tuple[str, int] | None:
         return None
 
 
-def verdict(answers: Iterable[tuple[str, int]]) -> str | None:
-    """The reachability that servers' answers show, as (server IP, status) pairs:
-    ``public`` when any dialled back, ``private`` when AGREE from distinct IPs failed
-    and none succeeded, None while unsure (refusals and errors count for nothing).
+def network_of(ip: str) -> str:
+    """The network a server's IP votes for: its /24 (IPv4) or /48 (IPv6).
 
-    >>> verdict([("198.18.0.1", FAILED), ("198.18.0.2", FAILED)])
-    'private'
-    >>> verdict([("198.18.0.1", FAILED), ("198.18.0.1", FAILED)]) is None  # one host
-    True
-    >>> verdict([("198.18.0.1", FAILED), ("198.18.0.2", OK)])
-    'public'
+    >>> network_of("198.18.4.2"), network_of("2001:db8:1:2::7")
+    ('198.18.4.0/24', '2001:db8:1::/48')
     """
-    answers = list(answers)
-    if any(status == OK for _, status in answers):
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    prefix = IPV4_PREFIX if addr.version == 4 else IPV6_PREFIX
+    return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False))
+
+
+def verdict(answers: Iterable[tuple[str, int]], *, unreached: bool = False) -> str | None:
+    """The reachability that servers' answers show, as (server IP, status) pairs, each
+    network (network_of) voting once, OK if any of its servers dialled back: ``public``
+    when at least one network dialled back and as many as failed; ``private`` when more
+    failed than dialled back, and at least AGREE did, or one did and ``unreached`` (ALONE_S
+    passed since with no peer outside the LAN dialling in); None while unsure (refusals
+    and errors count for nothing).
+
+    >>> verdict([("198.18.0.1", FAILED), ("198.18.1.1", FAILED)])
+    'private'
+    >>> verdict([("198.18.0.1", FAILED), ("198.18.0.2", FAILED)]) is None  # one /24
+    True
+    >>> verdict([("2001:db8:0:1::1", FAILED), ("2001:db8:0:2::1", FAILED)]) is None  # one /48
+    True
+    >>> verdict([("198.18.0.1", FAILED), ("198.18.1.1", OK)])
+    'public'
+    >>> verdict([("198.18.0.1", FAILED), ("198.18.1.1", FAILED), ("198.18.2.1", OK)])
+    'private'
+    >>> verdict([("198.18.0.1", FAILED)]) is None, verdict([("198.18.0.1", FAILED)], unreached=True)
+    (True, 'private')
+    """
+    votes: dict[str, int] = {}
+    for ip, status in answers:
+        if status in (OK, FAILED) and votes.get(network_of(ip)) != OK:
+            votes[network_of(ip)] = status
+    ok = sum(status == OK for status in votes.values())
+    failed = len(votes) - ok
+    if ok and ok >= failed:
         return "public"
-    if len({ip for ip, status in answers if status == FAILED}) >= AGREE:
+    if failed > ok and (failed >= AGREE or (unreached and failed >= 1)):
         return "private"
     return None

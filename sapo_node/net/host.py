@@ -68,6 +68,7 @@ from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
+from libp2p.rcmgr import Direction
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
@@ -788,10 +789,14 @@ class Network:
         # back (net/autonat.py, _check_reachability).
         check = settings.get("autonat", True)
         self.autonat = autonat.SwarmAutoNAT(
-            self.host, serve=check and self.reachability in ("public", "local")
+            self.host,
+            serve=check and self.reachability in ("public", "local"),
+            peer_every_s=settings.get("autonat_peer_every_s", autonat.PEER_EVERY_S),
         )
         self.checks_reachability = check and self.reason in ("address", "upnp", "announce")
+        self.reason_at_start = self.reason  # what a node private by AutoNAT returns to
         self.autonat_answers: dict[str, int] = {}  # server IP -> its answer, last check
+        self.autonat_failed_at: float | None = None  # the check's first failed dial-back
         self.autonat_verdict: str | None = None
         self.handing_over: set[ID] = set()  # peers whose pubsub stream is being moved
         self.relays: dict[ID, list[str]] = {}  # relay -> this node's addresses through it
@@ -1391,30 +1396,57 @@ class Network:
 
     async def _check_reachability(self) -> None:
         """Ask connected public peers to dial this node back until their answers agree
-        (autonat.verdict), act on it, and ask again every autonat.RECHECK_S while public."""
+        (autonat.verdict), act on it, and ask again every autonat.RECHECK_S while public,
+        every autonat.RECHECK_PRIVATE_S while private by AutoNAT."""
         while True:
             found = await self._ask_until_sure()
             if found != self.autonat_verdict:
                 await self._act_on(found)
             if self.reachability == "private":
-                return
-            await trio.sleep(autonat.RECHECK_S)
+                every = self.s.get("autonat_recheck_private_s", autonat.RECHECK_PRIVATE_S)
+            else:
+                every = self.s.get("autonat_recheck_s", autonat.RECHECK_S)
+            await trio.sleep(every)
 
     async def _ask_until_sure(self) -> str:
         """Each AutoNAT server among connected peers asked once, as they connect (those
-        connected together, at once)."""
+        connected together, at once); with one network's failure alone, the verdict waits
+        autonat.ALONE_S for a peer outside the LAN to dial in."""
         self.autonat_answers = {}
         asked: set[ID] = set()
+        dialled_in = False
         while True:
             new = [p for p in self._autonat_servers() if p not in asked][: autonat.SERVERS]
             asked.update(new)
             async with trio.open_nursery() as nursery:
                 for peer in new:
                     nursery.start_soon(self._ask_dial_back, peer)
-            found = autonat.verdict(self.autonat_answers.items())
+            if self.autonat_failed_at is None and autonat.FAILED in self.autonat_answers.values():
+                self.autonat_failed_at = trio.current_time()
+            dialled_in = dialled_in or self._dialled_in_from_outside()
+            waited = trio.current_time() - (self.autonat_failed_at or math.inf)
+            unreached = not dialled_in and waited >= self.s.get("autonat_alone_s", autonat.ALONE_S)
+            found = autonat.verdict(self.autonat_answers.items(), unreached=unreached)
             if found is not None:
+                self.autonat_failed_at = None
                 return found
             await trio.sleep(max(1.0, self.s["redial_s"]))
+
+    def _dialled_in_from_outside(self) -> bool:
+        """Whether a peer outside the LAN holds a direct connection that it dialled to
+        this node: one that could dial it."""
+        for peer in list(self.host.get_network().connections):
+            for conn in self._conns(peer):
+                with contextlib.suppress(Exception):
+                    inbound = conn.direction == Direction.INBOUND
+                    ips = [reach.ip_of(str(a)) for a in conn.get_transport_addresses() or ()]
+                    if (
+                        inbound
+                        and not is_relayed(conn)
+                        and any(ip and not reach.is_lan(ip) for ip in ips)
+                    ):
+                        return True
+        return False
 
     def _autonat_servers(self) -> list[ID]:
         """Connected peers that answer AutoNAT, over a direct connection."""
@@ -1455,6 +1487,9 @@ class Network:
         private; one public by --announce stays so and says which address failed."""
         self.autonat_verdict = found
         addrs = [str(a).split("/p2p/")[0] for a in self.host.get_addrs()]
+        if found == "public" and self.reason == "autonat":
+            await self._public_again()
+            return
         if found == "public":
             log.info(
                 "AutoNAT: peers dialled this node back: it is public", answers=self.autonat_answers
@@ -1486,8 +1521,32 @@ class Network:
             "AutoNAT: peers could not dial this node back, so it is private: a firewall or "
             "the router blocks its port. It now asks the DHT as a client, relays nothing and "
             "is reached through public nodes' relays. To be public, open the TCP port (or "
-            "forward it) and restart.",
+            "forward it): it asks peers again every few minutes.",
+            recheck_s=self.s.get("autonat_recheck_private_s", autonat.RECHECK_PRIVATE_S),
             unreachable=addrs,
+            answers=self.autonat_answers,
+        )
+
+    async def _public_again(self) -> None:
+        """A node private by AutoNAT that peers now dial back: public as at start."""
+        STATE.unreachable.clear()
+        self.reachability, self.reason = "public", self.reason_at_start
+        STATE.reachability = "public"
+        self.relays.clear()
+        STATE.relayed = []
+        if self.dht is not None:
+            with contextlib.suppress(Exception):
+                await self.dht.switch_mode(DHTMode.SERVER)
+            self.dht.public = True
+        if self.s.get("relay_reservations", 0) > 0:
+            self.circuit.allow_hop = True
+            self.host.set_stream_handler(HOP_PROTOCOL_ID, self.circuit._handle_hop_stream)
+        self.host.set_stream_handler(autonat.PROTOCOL, self.autonat.handle_stream)
+        with contextlib.suppress(Exception):
+            await push_identify_to_peers(self.host)
+        log.warning(
+            "AutoNAT: peers now dial this node back, so it is public again: it serves the "
+            "DHT and relays, and shows peers its addresses",
             answers=self.autonat_answers,
         )
 

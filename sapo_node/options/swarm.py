@@ -182,8 +182,10 @@ class NetSection(_Section):
         True,
         description="AutoNAT: a public node dials back peers that ask whether they are "
         "reachable; a node public by its address or a UPnP mapping asks peers to dial it "
-        "back and turns private when two (from distinct IPs) cannot; one given announce "
-        "addresses only logs it. Off: neither.",
+        "back and turns private when a majority of the networks asked (a /24, a /48 each), "
+        "at least two, cannot, or the only one cannot and no peer dials in for 2 minutes; "
+        "private so, it asks again every 10 minutes; one given announce addresses only "
+        "logs it. Off: neither.",
     )
     upnp: bool = Field(
         True,

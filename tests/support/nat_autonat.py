@@ -5,7 +5,7 @@
 inside a user and network namespace of its own, which plays the internet ("wan",
 198.18.0.0/15, the range reserved for such tests). It makes, and removes with itself:
 
-    wan       pub1 198.18.0.1, pub2 198.18.0.2 (two public nodes, addresses on lo)
+    wan       pub1 198.18.0.1, pub2 198.18.2.1 (two public nodes in two /24s, on lo)
       |-- vps1: fw 198.18.4.2, an address outside the LAN ranges, and nftables dropping
       |         new connections from outside to its port (a firewall, a security group)
       |-- vps2: open 198.18.5.2, the same without the firewall
@@ -44,7 +44,7 @@ table ip filter {
 
 def build(ns: Netns) -> None:
     lo_up()
-    for ip in ("198.18.0.1/32", "198.18.0.2/32"):
+    for ip in ("198.18.0.1/32", "198.18.2.1/32"):
         ns.run(None, "ip", "addr", "add", ip, "dev", "lo")
     for i, name in ((4, "vps1"), (5, "vps2")):
         with ns.inside(name):
@@ -85,7 +85,7 @@ def run(within: float) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="nat-autonat-") as tmp:
         try:
             start("pub1", None, "/ip4/198.18.0.1/tcp/4001", [])
-            start("pub2", None, "/ip4/198.18.0.2/tcp/4001", [addr("pub1")])
+            start("pub2", None, "/ip4/198.18.2.1/tcp/4001", [addr("pub1")])
             boot = [addr("pub1"), addr("pub2")]
             t0 = time.monotonic()
             start("fw", "vps1", "/ip4/198.18.4.2/tcp/4141", boot)

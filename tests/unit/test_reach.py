@@ -79,17 +79,32 @@ def test_the_signed_peer_record_of_a_private_node_holds_no_lan_address(monkeypat
     assert {str(a) for a in record.addrs} == {wan}
 
 
-def test_autonat_needs_two_hosts_failing_and_none_reaching_to_call_a_node_private() -> None:
-    from sapo_node.net.autonat import FAILED, OK, tcp_target, verdict
+def test_autonat_needs_a_majority_of_networks_failing_to_call_a_node_private() -> None:
+    from sapo_node.net.autonat import FAILED, OK, network_of, tcp_target, verdict
 
-    a, b = "198.18.0.1", "198.18.0.2"
+    a, b, c = "198.18.0.1", "198.18.1.1", "198.18.2.1"  # three /24s
     assert verdict([]) is None
     assert verdict([(a, FAILED)]) is None  # one server's word is not enough
     assert verdict([(a, FAILED), (a, FAILED)]) is None  # nor one host's, twice
     assert verdict([(a, FAILED), (b, FAILED)]) == "private"
-    assert verdict([(a, FAILED), (b, FAILED), ("198.18.0.3", OK)]) == "public"
+    # one /24, one /48 is one operator's: however many addresses it lies from, one vote
+    assert verdict([(f"198.18.0.{i}", FAILED) for i in range(1, 200)]) is None
+    v6 = [(f"2001:db8:7:{i:x}::1", FAILED) for i in range(64)]  # 64 /64s of one /48
+    assert verdict(v6) is None
+    assert verdict([*v6, ("2001:db8:8::1", FAILED)]) == "private"  # a second /48
+    assert network_of("2001:db8:7:ffff::1") == network_of("2001:db8:7::9") == "2001:db8:7::/48"
+    assert network_of("198.18.0.77") == "198.18.0.0/24" != network_of(b)
+    # a majority: one network reaching it outweighs one failing, not two
+    assert verdict([(a, FAILED), (b, OK)]) == "public"
+    assert verdict([(a, FAILED), (b, FAILED), (c, OK)]) == "private"
+    assert verdict([(a, FAILED), (b, FAILED), (c, OK), ("198.18.3.1", OK)]) == "public"
+    assert verdict([(a, FAILED), ("198.18.0.2", OK), (b, FAILED)]) == "public"  # a's /24: OK
     assert verdict([(a, OK)]) == "public"  # a dial-back that reached it proves it
     assert verdict([(a, 101), (b, 101)]) is None  # refusals (no address to try) say nothing
+    # one network's failure, then ALONE_S with no peer dialling in (a single public node)
+    assert verdict([(a, FAILED)], unreached=True) == "private"
+    assert verdict([(a, FAILED), (b, OK)], unreached=True) == "public"
+    assert verdict([(a, 101)], unreached=True) is None
     # only direct TCP addresses are dialled back
     import multiaddr
 
@@ -112,3 +127,51 @@ def test_a_node_autonat_turned_private_shows_peers_elsewhere_only_its_relayed_ad
     mine = [f"{public}/p2p/12D3KooWMe", lan]
     assert STATE.shown(mine, "198.18.0.9") == [relayed]
     assert STATE.shown(mine, "192.168.1.9") == [lan, relayed]  # its LAN
+
+
+def test_a_peer_outside_the_lan_dialling_in_is_evidence_of_reachability() -> None:
+    """What stops one failed dial-back from making a node private (autonat.ALONE_S): a
+    direct connection a peer outside the LAN dialled to it. The direction is the
+    library's, read on real loopback connections; the addresses are then replaced, since
+    loopback is a LAN range."""
+    from types import SimpleNamespace
+
+    import multiaddr
+    import trio
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    from sapo_node.net.host import Network
+    from tests.support.rogue import make_host
+
+    async def connected() -> tuple[list, list]:
+        a, b = make_host(), make_host()
+        listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+        async with a.run(listen_addrs=listen), b.run(listen_addrs=listen):
+            await a.connect(
+                info_from_p2p_addr(
+                    multiaddr.Multiaddr(f"{b.get_addrs()[0]}/p2p/{b.get_id().pretty()}")
+                    if "/p2p/" not in str(b.get_addrs()[0])
+                    else b.get_addrs()[0]
+                )
+            )
+            conns = lambda h: [c for cs in h.get_network().connections.values() for c in cs]  # noqa: E731
+            return conns(a), conns(b)
+
+    dialled, accepted = trio.run(connected)
+
+    def node(conns: list, addr: str | None = None) -> SimpleNamespace:
+        for c in conns:
+            if addr is not None:
+                c.get_transport_addresses = lambda: [multiaddr.Multiaddr(addr)]
+        network = SimpleNamespace(connections={"peer": conns})
+        stub = SimpleNamespace(host=SimpleNamespace(get_network=lambda: network))
+        stub._conns = lambda peer: network.connections[peer]
+        return stub
+
+    check = Network._dialled_in_from_outside
+    assert not check(node(accepted))  # on loopback: a LAN peer proves nothing
+    assert check(node(accepted, "/ip4/198.18.0.1/tcp/4001"))  # a peer elsewhere dialled in
+    assert not check(node(accepted, "/ip4/192.168.1.9/tcp/4001"))  # a LAN peer
+    assert not check(node(dialled, "/ip4/198.18.0.1/tcp/4001"))  # this node dialled out
+    relayed = "/ip4/198.18.0.1/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"
+    assert not check(node(accepted, relayed))  # through a relay: not a dial to this node
