@@ -52,6 +52,7 @@ import weakref
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import multiaddr
@@ -59,8 +60,8 @@ import structlog
 import trio
 from libp2p import new_host
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.discovery.mdns.mdns import MDNSDiscovery
 from libp2p.identity.identify_push import push_identify_to_peers
-from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL_ID
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
@@ -92,7 +93,7 @@ from sapo_node.net import (
     reach,
     upnp,
 )
-from sapo_node.net.patches import OUTBOUND_QUEUE
+from sapo_node.net.patches import DHT_PROTOCOL, LIBRARY_DHT_PROTOCOL, OUTBOUND_QUEUE
 from sapo_node.net.ports import check_ports_free
 from sapo_node.net.state import COUNTERS, STATE
 from sapo_node.pool import RateLimiter
@@ -100,6 +101,10 @@ from sapo_node.pool import RateLimiter
 log = structlog.get_logger("sapo_node.net")
 
 PROTOCOLS = ["/meshsub/1.2.0", "/meshsub/1.1.0", "/meshsub/1.0.0"]
+# The swarm's own mDNS service name (protocol/SPEC.md section 2, *Discovery*), not IPFS's
+# _p2p._udp.local.: on it a node found the IPFS nodes on its LAN and dialled them (its DHT
+# protocol id, DHT_PROTOCOL, is set in net/patches.py).
+MDNS_SERVICE = "_sapo._udp.local."
 BACKPRESSURE_FILL = 0.5  # publish waits while a peer's queue is fuller than this
 BACKPRESSURE_WAIT_S = 10.0
 INBOUND_RPC_LIMIT = 8 * 2**20  # trap 5: above js-libp2p's 4 MiB; the real cap is wire's
@@ -524,7 +529,7 @@ class SwarmDHT(KadDHT):
     def admits(self, peer: ID) -> bool:
         store = self.host.get_peerstore()
         try:
-            if str(KAD_PROTOCOL_ID) not in (store.get_protocols(peer) or ()):
+            if DHT_PROTOCOL not in (store.get_protocols(peer) or ()):
                 return False
             addrs = [str(a) for a in store.addrs(peer)]
         except Exception:  # not in the peerstore (yet)
@@ -713,14 +718,22 @@ class Network:
             },
             muxer_preference="YAMUX",
             listen_addrs=self.listen,
-            enable_mDNS=settings["mdns"],
             announce_addrs=announce or None,
             addrs_factory=None if announce else interface_addresses,
         )
-        if self.host.mDNS is not None:
-            # mDNS announces the interfaces' addresses, as go-libp2p does (announce ones
-            # are for peers elsewhere)
-            patches.announce_interfaces(self.host, interface_addresses)
+        if settings["mdns"]:
+            # The swarm's service name, not IPFS's (the host's own mDNS takes none, so it
+            # is made here; the host starts it when it listens); it announces the
+            # interfaces' addresses, as go-libp2p does, not the raw listen ones (announce
+            # ones are for peers elsewhere): docs/libp2p.md#mdns-addresses.
+            transport_addrs = self.host.get_transport_addrs
+            self.host.mDNS = MDNSDiscovery(
+                self.host.get_network(),
+                service_type=MDNS_SERVICE,
+                host=SimpleNamespace(
+                    get_transport_addrs=lambda: interface_addresses(transport_addrs())
+                ),
+            )
         degree = settings["mesh_degree"]
         self.gossipsub = SwarmGossipSub(
             protocols=PROTOCOLS,
@@ -833,6 +846,8 @@ class Network:
         self.refusals: dict[tuple[str, str], int] = {}  # (author, reason) -> n, bounded
         self.no_pubsub_since: dict[ID, float] = {}
         self.pubsub.own_peer_maps.append(self.no_pubsub_since)
+        self.older_noticed: dict[ID, None] = {}  # peers said to run an older DHT
+        self.pubsub.own_peer_maps.append(self.older_noticed)
 
     # --- shards (docs/scale.md) -------------------------------------------------------
 
@@ -1271,6 +1286,7 @@ class Network:
                 self.dht.drop_departed()
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
                     for peer in self.host.get_connected_peers():
+                        self._notice_older(peer)
                         with contextlib.suppress(Exception):
                             await self.dht.add_peer(peer)
                 with trio.move_on_after(DIAL_TIMEOUT_S * 2):
@@ -1584,8 +1600,40 @@ class Network:
             and p not in self.banned
             and p not in skip
             and self.backoff.get(p, (0.0, 0.0))[0] <= now
+            and not self._foreign(p)
         ]
         await self._dial_all(self._shard_first(fresh, connected, room))
+
+    def _foreign(self, peer: ID) -> bool:
+        """Whether identify showed that ``peer`` speaks none of the swarm's protocols (its
+        pubsub, its DHT): an IPFS node that dialled this one, say. Such a peer is not
+        dialled for the swarm; one not identified yet (a bootstrap address, a provider,
+        a peer mDNS found) is."""
+        try:
+            protocols = self.host.get_peerstore().get_protocols(peer) or []
+        except Exception:  # not in the peerstore
+            return False
+        return bool(protocols) and not any(p in protocols for p in (*PROTOCOLS, DHT_PROTOCOL))
+
+    def _notice_older(self, peer: ID) -> None:
+        """Say once per connection that ``peer`` runs the DHT of sapo-node 0.3 and before
+        (IPFS's protocol id): groups still pass, but the DHTs are apart (SPEC.md
+        section 2, *Discovery*)."""
+        if peer in self.older_noticed:
+            return
+        try:
+            protocols = self.host.get_peerstore().get_protocols(peer) or []
+        except Exception:
+            return
+        older = LIBRARY_DHT_PROTOCOL in protocols and DHT_PROTOCOL not in protocols
+        if older and any(p in protocols for p in PROTOCOLS):
+            self.older_noticed[peer] = None
+            log.warning(
+                "a peer runs an older sapo-node (its DHT is IPFS's /ipfs/kad/1.0.0): "
+                "groups pass, but neither finds the other's peers through the DHT or "
+                "mDNS; it should upgrade",
+                peer=peer.pretty(),
+            )
 
     def _shard_first(self, fresh: list[ID], connected: set[ID], room: int) -> list[ID]:
         """Of ``fresh`` peers, those to dial: ``room`` of them, peers that share a shard

@@ -15,8 +15,8 @@ Three kinds of change:
 - methods overridden by the node's subclasses (``net/host.py``, ``net/autonat.py``):
   :data:`OVERRIDDEN` names each, and :func:`apply` checks the library still has it (a
   renamed one would no longer be called);
-- hooks set on one object (the DHT's routing table and provider store, mDNS's
-  broadcaster): :func:`guard_dht` and :func:`announce_interfaces`, with the same checks.
+- hooks set on one object (the DHT's routing table and provider store): :func:`guard_dht`,
+  with the same checks.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import importlib.metadata
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import multiaddr
@@ -36,6 +35,11 @@ from sapo_node.net.state import COUNTERS, STATE
 
 LIBP2P_VERSION = "0.8.1"
 OUTBOUND_QUEUE = 512  # RPCs per peer (docs/libp2p.md#outbound-queues; the library's: 32)
+# The swarm's DHT protocol id (protocol/SPEC.md section 2, *Discovery*), for the library's
+# IPFS one: on that, the swarm's DHT joined the public IPFS DHT (docs/libp2p.md#the-dhts-
+# protocol-id).
+DHT_PROTOCOL = "/sapo/kad/1.0.0"
+LIBRARY_DHT_PROTOCOL = "/ipfs/kad/1.0.0"
 DOCS = "docs/libp2p.md#patches"
 
 
@@ -109,6 +113,9 @@ REPLACED = (
         "addresses-shown-to-peers", True,
     ),
     Replaced("libp2p.peer.peerstore", "env_to_send_in_RPC", "addresses-shown-to-peers", True),
+    # Kademlia's protocol id: kad_dht, peer_routing, provider_store and value_store import
+    # it by name; routing_table reads common's when it checks a peer serves the DHT
+    Replaced("libp2p.kad_dht.common", "PROTOCOL_ID", "the-dhts-protocol-id", True),
 )  # fmt: skip
 
 # Modules known to import a symbol replaced everywhere: imported before the scan.
@@ -149,6 +156,9 @@ def apply() -> None:
     if _original:
         return  # applied: the library's own are kept in _original
     found_all = {(t.module, t.name): _symbol(t.module, t.name) for t in REPLACED}
+    kad = found_all[("libp2p.kad_dht.common", "PROTOCOL_ID")]
+    if kad != LIBRARY_DHT_PROTOCOL:  # another id: the library's DHT is not what we patch
+        raise PatchError(_missing("libp2p.kad_dht.common", [f"PROTOCOL_ID {LIBRARY_DHT_PROTOCOL}"]))
     _original.update(found_all)
     replacements = _replacements()
     for target in REPLACED:
@@ -213,17 +223,6 @@ def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool
     store.host = Shown(store.host)
 
 
-def announce_interfaces(host: Any, addrs: Callable[[list[Any]], list[Any]]) -> None:
-    """docs/libp2p.md#mdns-addresses: mDNS announces ``addrs`` of the transport
-    addresses (each interface's, for a wildcard), not the raw listen addresses."""
-    check_state(host.mDNS, ("broadcaster",), "mDNS")
-    check_state(host.mDNS.broadcaster, ("host",), "mDNS's broadcaster")
-    transport_addrs = host.get_transport_addrs
-    host.mDNS.broadcaster.host = SimpleNamespace(
-        get_transport_addrs=lambda: addrs(transport_addrs())
-    )
-
-
 class Shown:
     """A host whose ``get_addrs`` are what a stranger may see: the DHT's provider store
     puts them in the records it sends (py-libp2p takes ``host.get_addrs()`` whole)."""
@@ -278,6 +277,7 @@ def _replacements() -> dict[str, Any]:
         "RpcQueue": SwarmQueue,
         "_mk_identify_protobuf": identify_for,
         "env_to_send_in_RPC": shown_record,
+        "PROTOCOL_ID": DHT_PROTOCOL,
     }
 
 

@@ -18,11 +18,14 @@ RUN_S = 100  # a pair starts in ~8 s, finds each other ~1 s later; generous for 
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["lo", "veth"])
+@pytest.mark.parametrize("mode", ["lo", "veth", "ipfs"])
 def test_two_nodes_find_each_other_by_mdns_and_exchange_messages(mode: str) -> None:
     """``lo``: both on 127.0.0.1 in one namespace. ``veth``: two namespaces on one link,
     both listening on 0.0.0.0 as the default config does, so only the interface
-    addresses mDNS announces can connect them (py-libp2p alone announced 0.0.0.0)."""
+    addresses mDNS announces can connect them (py-libp2p alone announced 0.0.0.0).
+    ``ipfs``: as ``lo``, beside a peer that announces and browses IPFS's mDNS name: the
+    swarm's name (SPEC 2, *Discovery*) keeps the pair from finding it, and from dialling
+    it (on IPFS's name, each dialled it within seconds)."""
     problem = unshare_problem("true") or (veth_problem() if mode == "veth" else None)
     if problem:
         pytest.skip(problem)
@@ -32,3 +35,5 @@ def test_two_nodes_find_each_other_by_mdns_and_exchange_messages(mode: str) -> N
     if mode == "veth":  # each node's own address on the link, not 0.0.0.0
         assert result["addrs"]["a"][0].startswith("/ip4/10.77.0.1/tcp/")
         assert result["addrs"]["b"][0].startswith("/ip4/10.77.0.2/tcp/")
+    if mode == "ipfs":
+        assert result["ipfs_dialled_by"] == []

@@ -1,7 +1,7 @@
 """Two libp2p transports with no bootstrap address find each other by mDNS and exchange a
 message each way. ``tests/integration/test_mdns.py`` runs it as
 
-    unshare -rn python -m tests.support.mdns_pair --mode lo|veth
+    unshare -rn python -m tests.support.mdns_pair --mode lo|veth|ipfs
 
 that is, inside a user and network namespace of its own, so that mDNS multicasts on that
 namespace's interfaces only, never on the machine's. It refuses to run (exit 3) where any
@@ -13,9 +13,13 @@ interface but ``lo`` exists when it starts: then it is not in a fresh namespace.
   listening on 0.0.0.0 as the default config does: two machines on one LAN. Only the
   addresses of the interfaces are dialable from the other side, so it checks what mDNS
   announces.
+- ``ipfs``: as ``lo``, with a peer of IPFS's names beside them
+  (``tests/support/ipfs_peer.py --mdns``: mDNS under ``_p2p._udp.local.``, IPFS's DHT),
+  started first. The pair must find each other and never dial it.
 
 It prints one JSON line (``ok``, timings, addresses, ``error``) and exits 0 if both
-messages arrived with the right author, 1 if not.
+messages arrived with the right author (and, in ``ipfs`` mode, nobody dialled the IPFS
+peer), 1 if not.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 VALID = REPO / "protocol" / "vectors" / "valid"
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+IPFS_WATCH_S = 30.0  # the IPFS peer watches for dials this long from its start
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -105,8 +110,8 @@ def wait_for(pred: Callable[[], object], timeout: float) -> bool:
 
 def run(mode: str, find_s: float, deliver_s: float) -> dict[str, object]:
     result: dict[str, object] = {"mode": mode, "ok": False}
-    listen = "/ip4/127.0.0.1/tcp/0" if mode == "lo" else "/ip4/0.0.0.0/tcp/0"
-    if mode == "lo":
+    listen = "/ip4/0.0.0.0/tcp/0" if mode == "veth" else "/ip4/127.0.0.1/tcp/0"
+    if mode != "veth":
         lo_up()
         second: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     else:
@@ -120,7 +125,21 @@ def run(mode: str, find_s: float, deliver_s: float) -> dict[str, object]:
     messages["b"] = (VALID / "unicode.msgpack").read_bytes()
     transports: dict[str, Libp2pTransport] = {}
     with tempfile.TemporaryDirectory(prefix="mdns-pair-") as tmp:
+        ipfs: subprocess.Popen | None = None
+        ipfs_log = Path(tmp) / "ipfs.log"
         try:
+            if mode == "ipfs":
+                with ipfs_log.open("wb") as out:
+                    ipfs = subprocess.Popen(
+                        [sys.executable, "-m", "tests.support.ipfs_peer", "--mdns"]
+                        + ["--watch", str(IPFS_WATCH_S)],
+                        cwd=REPO,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                if not wait_for(lambda: "addr " in ipfs_log.read_text(), find_s):
+                    result["error"] = f"the IPFS peer did not start: {ipfs_log.read_text()}"
+                    return result
             start = time.monotonic()
             transports["a"] = Libp2pTransport(net, PoolSection(), Path(tmp) / "a")
             with second:  # in veth mode, b's network process runs in the other namespace
@@ -161,16 +180,28 @@ def run(mode: str, find_s: float, deliver_s: float) -> dict[str, object]:
                 }
                 return result
             result["delivered_s"] = round(time.monotonic() - sent, 2)
+            if ipfs is not None:
+                ipfs.wait(IPFS_WATCH_S + find_s)
+                said = ipfs_log.read_text()
+                result["ipfs_dialled_by"] = [
+                    line.split()[1] for line in said.splitlines() if line.startswith("dialled_by ")
+                ]
+                if "done" not in said or result["ipfs_dialled_by"]:
+                    result["error"] = f"the IPFS peer was dialled: {said[-2000:]}"
+                    return result
             result["ok"] = True
             return result
         finally:
             for t in transports.values():
                 t.close()
+            if ipfs is not None and ipfs.poll() is None:
+                ipfs.kill()
+                ipfs.wait(10)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=["lo", "veth"], default="lo")
+    parser.add_argument("--mode", choices=["lo", "veth", "ipfs"], default="lo")
     parser.add_argument("--find-s", type=float, default=45.0)
     parser.add_argument("--deliver-s", type=float, default=20.0)
     args = parser.parse_args()

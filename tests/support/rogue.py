@@ -4,7 +4,7 @@ which would refuse to send what this sends). Tests run it as a subprocess:
     python -m tests.support.rogue garbage BOOTSTRAP_MULTIADDR TOPIC
     python -m tests.support.rogue invalid BOOTSTRAP_MULTIADDR TOPIC [--count N]
         [--valid M] [--interval S] [--pause S] [--linger S] [--dial MULTIADDR ...]
-        [--vector NAME ...] [--protocol ID] [--topics T1,T2 ...]
+        [--vector NAME ...] [--protocol ID] [--topics T1,T2 ...] [--dht]
     python -m tests.support.rogue persist BOOTSTRAP_MULTIADDR TOPIC --key-dir DIR
         [--dial MULTIADDR ...] [--interval S]
 
@@ -24,6 +24,8 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   ``--topics`` in turn (the author signs the list: ``TOPIC,TOPIC`` repeats one).
   It speaks ``/meshsub/1.1.0`` unless ``--protocol`` names another (``/meshsub/1.2.0``:
   its peers then send it an IDONTWANT for every message, as to one of their own).
+  With ``--dht`` it also serves py-libp2p's Kademlia DHT under the library's protocol id
+  (IPFS's ``/ipfs/kad/1.0.0``), as sapo-node 0.3 did.
   It prints ``received AUTHOR SIZE`` for each message of another author that reaches it:
   on the swarm's single topic, it stands for a node of the version before shards.
 - ``persist`` (``scripts/soak.py --rogue-peer``): the same peer, under the identity kept
@@ -55,6 +57,7 @@ from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
@@ -160,7 +163,13 @@ async def invalid(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
     gossipsub = make_gossipsub(args.protocol)
     pubsub = Pubsub(host, gossipsub, strict_signing=True)
     infos = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in [bootstrap, *args.dial]]
-    async with background_trio_service(pubsub), background_trio_service(gossipsub):
+    async with (
+        background_trio_service(pubsub),
+        background_trio_service(gossipsub),
+        contextlib.AsyncExitStack() as stack,
+    ):
+        if args.dht:
+            await stack.enter_async_context(background_trio_service(KadDHT(host, DHTMode.SERVER)))
         await pubsub.wait_until_ready()
         subscription = await pubsub.subscribe(topic)
         async with host.run(listen_addrs=LISTEN), trio.open_nursery() as nursery:
@@ -256,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vector", action="append", help="an invalid vector's name to send")
     parser.add_argument("--protocol", default=PROTOCOL, help="the meshsub version it speaks")
     parser.add_argument("--topics", action="append", default=[], help="a topic list, A,B")
+    parser.add_argument("--dht", action="store_true", help="serve IPFS's DHT, as 0.3 did")
     parser.add_argument("--key-dir", type=Path, help="persist: where its identity key is kept")
     args = parser.parse_args(argv)
     if not all(_dialable(a) for a in [args.bootstrap, *args.dial]):
