@@ -284,6 +284,9 @@ class Node:
         self.round = 0
         self.cumulative_reward = 0.0
         self.mix = Mix()  # own groups' signal and per-family reward: J and the need
+        # True while the running round has changed what a checkpoint holds but is not
+        # counted yet: a checkpoint now would label round r's state r (run).
+        self._changed = False
         self.failure: str | None = None
         # What the status endpoint reads: the loop's progress, the last round recorded
         # and the last one that ran the held-out evaluation.
@@ -308,7 +311,6 @@ class Node:
                 local, new_tokens = self._generate(tasks, r)
             with timer("score"):
                 self._score(local)
-            self.mix.observe((g.task.ref.family, g.rewards) for g in local)
             published = self._share(local, r)
             theirs = [self._as_group(p) for p in external]
             screened: Counter[str] = Counter()
@@ -320,14 +322,20 @@ class Node:
                 batch = training_set(groups, s.advantage_scale)
                 stats = TrainStats()
                 if self.trainer is not None:
-                    stats = self.trainer.step(
-                        batch.samples,
-                        should_stop=self.stop.is_set,
-                        batch_rows=batch.batch_rows,
-                        batch_tokens=batch.batch_tokens,
-                    )
+                    try:
+                        stats = self.trainer.step(
+                            batch.samples,
+                            should_stop=self.stop.is_set,
+                            batch_rows=batch.batch_rows,
+                            batch_tokens=batch.batch_tokens,
+                        )
+                    finally:
+                        self._changed = self.trainer.changed
             if stats is None:
                 raise Stopped
+            # From here the round changes what a checkpoint holds until it is counted (run).
+            self._changed = True
+            self.mix.observe((g.task.ref.family, g.rewards) for g in local)
             moves: Counter[str] = Counter()
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
@@ -348,10 +356,20 @@ class Node:
         return record
 
     def run(self) -> int:
-        """Run rounds until the configured total or a stop; save on the way out."""
+        """Run rounds until the configured total or a stop; save on the way out.
+
+        Every checkpoint holds the state at the start of the round it names, wherever a
+        stop lands: a round changes what a checkpoint holds (weights, optimiser, mix,
+        curriculum, reward sum) only from its optimiser step on (a stop before it ends the
+        round with nothing changed; after it, the round runs to the end), and until the
+        round is counted (``_changed``) nothing saves. SystemExit (a second signal:
+        ``lifecycle.on_signals``) and KeyboardInterrupt abort without saving; the last
+        checkpoint stands, and a resume cuts metrics.jsonl back to it.
+        """
         self.resume()
         target = self.config.node.rounds
         done_here = 0
+        aborted = False
         try:
             while not self.stop.is_set() and (target == 0 or self.round < target):
                 started = time.monotonic()
@@ -376,6 +394,7 @@ class Node:
                     log.error("stopping", reason=self.failure)
                     break
                 self.round += 1
+                self._changed = False
                 done_here += 1
                 self.last_record = record
                 if "eval/pass1" in record:
@@ -384,8 +403,12 @@ class Node:
                 if self.round % self.config.node.checkpoint_every == 0:
                     self.save()
                 self._pace(started)
+        except (SystemExit, KeyboardInterrupt):
+            aborted = True
+            raise
         finally:
-            if done_here and self.round % self.config.node.checkpoint_every != 0:
+            every = self.config.node.checkpoint_every
+            if done_here and not aborted and not self._changed and self.round % every != 0:
                 self.save()
         return done_here
 

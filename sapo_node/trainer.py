@@ -296,6 +296,10 @@ def _checkpointing_off(model: torch.nn.Module) -> Iterator[None]:
             m.gradient_checkpointing = True
 
 
+def _never() -> bool:
+    return False
+
+
 class Trainer:
     """Owns the optimiser; turns a training set into ``ppo_epochs`` optimiser steps."""
 
@@ -339,6 +343,7 @@ class Trainer:
         self.scaler = (
             torch.amp.GradScaler(policy.device.type) if policy.dtype == torch.float16 else None
         )
+        self.changed = False  # whether the last ``step`` began changing the weights
 
     def _micro_batches(self, samples: Sequence[Sample]) -> list[tuple[list[int], Packed]]:
         """Micro-batches with their sample indices: group by group, similar lengths together."""
@@ -446,18 +451,23 @@ class Trainer:
         ``batch_rows``/``batch_tokens``: completions and completion tokens of the round's
         whole batch (all I + J groups, with or without signal; ``samples`` are usually only
         those with signal); None: those of ``samples``. See ``grpo.loss_weights``.
-        Returns None, with no step taken, if ``should_stop()`` turns true mid-way.
+        Returns None, with no step taken, if ``should_stop()`` turns true before the first
+        step; once a step is taken the remaining epochs (``ppo_epochs``) run to the end, so
+        a stop never leaves the weights part-way through a round. ``changed`` says, after
+        an exception too, whether this call began changing the weights or the optimiser.
         """
+        self.changed = False
         if not samples:
             return TrainStats()
         plan = self._plan(samples, batch_rows, batch_tokens)
         stats = TrainStats(sequences=len(samples), tokens=plan.tokens)
         model = self.policy.model
         try:
-            for _ in range(self.settings.ppo_epochs):
-                sums = self._accumulate(plan, should_stop)
+            for epoch in range(self.settings.ppo_epochs):
+                sums = self._accumulate(plan, should_stop if epoch == 0 else _never)
                 if sums is None:
                     return None
+                self.changed = True
                 norm = self._apply_gradients()
                 stats.grad_norm = norm
                 if math.isfinite(norm):

@@ -142,8 +142,36 @@ def test_empty_and_interrupted_steps_change_nothing(policy) -> None:
     trainer = Trainer(policy, TrainSection(lr=1e-2), max_new_tokens=16)
     assert trainer.step([]).steps == 0
     assert trainer.step(_samples(), should_stop=lambda: True) is None
+    assert not trainer.changed
     for n, t in policy.model.named_parameters():
         assert torch.equal(before[n], t)
+
+
+def test_a_stop_after_the_first_epochs_step_finishes_the_epochs(policy) -> None:
+    """Issue 47: with ppo_epochs 2, a stop that lands once the first step is taken no
+    longer returns None (which said "no step taken" while the weights had moved): the
+    second epoch runs too, and the round ends as one without a stop would."""
+    stopped, plain = copy.deepcopy(policy), copy.deepcopy(policy)
+    settings = TrainSection(lr=1e-2, ppo_epochs=2)
+    stop = [False]
+    trainer = Trainer(stopped, settings, max_new_tokens=16)
+    real = trainer._apply_gradients
+
+    def step_then_stop() -> float:
+        norm = real()
+        stop[0] = True  # a signal right after the first optimiser step
+        return norm
+
+    trainer._apply_gradients = step_then_stop
+    torch.manual_seed(3)
+    stats = trainer.step(_samples(), should_stop=lambda: stop[0])
+    assert stats is not None and stats.steps == 2 and trainer.changed
+    torch.manual_seed(3)
+    Trainer(plain, settings, max_new_tokens=16).step(_samples())
+    for (n, t), (_, u) in zip(
+        stopped.model.named_parameters(), plain.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(t, u), n
 
 
 def test_kl_to_reference_is_zero_before_any_step(policy) -> None:
