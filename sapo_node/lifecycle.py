@@ -265,7 +265,9 @@ def status_endpoint(cfg: Config):
 
     try:
         return StatusServer(
-            cfg.status.listen, or_free_port=cfg.status.listen == DEFAULT_STATUS_LISTEN
+            cfg.status.listen,
+            or_free_port=cfg.status.listen == DEFAULT_STATUS_LISTEN,
+            allowed_hosts=cfg.status.allowed_hosts,
         )
     except StatusError as exc:
         raise NodeFailed(str(exc)) from None

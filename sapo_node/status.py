@@ -15,9 +15,12 @@ never the swarm port):
 
 Peers' text (peer IDs, refusal details) reaches the page only as JSON and is put into it
 as text, never as markup; every page answer also carries a Content-Security-Policy that
-allows scripts, styles and requests from the endpoint alone. On a loopback address the
-endpoint answers only requests whose ``Host`` is a loopback name or address, so a web page
-elsewhere cannot read it through a rebound DNS name.
+allows scripts, styles and requests from the endpoint alone. Whatever address it listens
+on, the endpoint answers only requests whose ``Host`` is ``localhost``, an IP address or a
+name in ``[status] allowed_hosts``, so a web page elsewhere cannot read it through a DNS
+name rebound to it (a page's own name is what its browser sends). A client has
+``REQUEST_TIMEOUT_S`` for its whole request and answer, and at most ``MAX_THREADS``
+requests are served at once; one more is answered 503 at once.
 
 Every answer is built when it is asked for, from the node's current state
 (:meth:`Status.facts`): the round loop keeps no counters for the endpoint, and one
@@ -37,6 +40,7 @@ removes it when it stops; ``sapo-node status`` finds the endpoint there.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.resources
 import ipaddress
@@ -390,10 +394,64 @@ def _labels(r: dict[str, Any], prefix: str) -> dict[str, Any]:
 # --- the server ----------------------------------------------------------------------------
 
 
+REQUEST_TIMEOUT_S = 10.0  # a connection's whole request and answer, however it trickles
+MAX_THREADS = 16  # requests served at once (Prometheus, a page or two, sapo-node status)
+BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
 class _HTTPServer(ThreadingHTTPServer):
+    """One thread per request, at most ``max_threads`` at once, each connection closed
+    ``request_timeout_s`` after it was accepted (checked between polls of the serving
+    loop, every half second at most)."""
+
     daemon_threads = True
     routes: Any  # (path, query) -> (code, content type, body); see Routes
-    loopback: bool = True
+    allowed_hosts: frozenset[str] = frozenset()
+
+    def limit(self, request_timeout_s: float, max_threads: int) -> None:
+        """Set the bounds; called before the server serves."""
+        self.request_timeout_s = request_timeout_s
+        self.slots = threading.BoundedSemaphore(max_threads)
+        self.deadlines: dict[socket.socket, float] = {}
+        self.deadlines_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(BUSY)  # a few bytes into a fresh socket's buffer
+            self.shutdown_request(request)
+            return
+        with self.deadlines_lock:
+            self.deadlines[request] = time.monotonic() + self.request_timeout_s
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: it will not give its slot back
+            self._done(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done(request)
+
+    def _done(self, request: Any) -> None:
+        with self.deadlines_lock:
+            self.deadlines.pop(request, None)
+        self.slots.release()
+
+    def service_actions(self) -> None:
+        """Cut connections past their deadline: the handler's read or write then ends."""
+        now = time.monotonic()
+        with self.deadlines_lock:
+            late = [r for r, deadline in self.deadlines.items() if deadline < now]
+        for request in late:
+            with contextlib.suppress(OSError):
+                request.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that left or was cut off is not an error worth a traceback."""
+        log.debug("status connection ended", client=str(client_address[0]))
 
 
 class _HTTPServer6(_HTTPServer):
@@ -450,31 +508,46 @@ class Routes:
         return 404, "text/plain", b"not found: try /, /status, /metrics, /healthz or /history\n"
 
 
-def _loopback_host(header: str) -> bool:
-    """Whether a ``Host`` header names this machine: localhost or a loopback address."""
+def host_allowed(header: str, allowed: frozenset[str] = frozenset()) -> bool:
+    """Whether the endpoint answers a request with this ``Host`` header: ``localhost``,
+    any IP address (a browser sends an address only when its page was loaded from that
+    address, so no DNS name can be rebound onto it), or a name in ``allowed``.
+
+    >>> host_allowed("127.0.0.1:9141"), host_allowed("[::1]:9141"), host_allowed("LOCALHOST.")
+    (True, True, True)
+    >>> host_allowed("attacker.example:9141"), host_allowed("sapo:9141", frozenset({"sapo"}))
+    (False, True)
+    """
     host = header.strip().lower()
     if host.startswith("["):
         host = host[1 : host.find("]")] if "]" in host else host
     elif host.count(":") == 1:
         host = host.split(":")[0]
-    if host in ("localhost", "localhost."):
+    host = host.rstrip(".")
+    if host == "localhost" or host in allowed:
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ipaddress.ip_address(host)
     except ValueError:
         return False
+    return True
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout_s  # each read and write; the server cuts
+        super().setup()  # the connection when their sum is past it
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         parts = urlsplit(self.path)
         path = parts.path
         try:
             host = self.headers.get("Host")
-            if self.server.loopback and host is not None and not _loopback_host(host):
-                self._send(403, "text/plain", b"this endpoint answers on loopback names only\n")
+            if host is not None and not host_allowed(host, self.server.allowed_hosts):
+                body = b"unknown Host: add its name to [status] allowed_hosts to serve it\n"
+                self._send(403, "text/plain", body)
                 return
             self._send(*self.server.routes(path, parse_qs(parts.query)))
         except (BrokenPipeError, ConnectionResetError):
@@ -502,9 +575,19 @@ class StatusServer:
     """The endpoint. Its address is bound at construction, so a busy port is found before
     the model loads; :meth:`serve` starts answering once there is a node to describe."""
 
-    def __init__(self, listen: str, *, or_free_port: bool = False) -> None:
+    def __init__(
+        self,
+        listen: str,
+        *,
+        or_free_port: bool = False,
+        allowed_hosts: list[str] | tuple[str, ...] = (),
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        max_threads: int = MAX_THREADS,
+    ) -> None:
         """``or_free_port``: if ``listen`` is taken, serve on a free port of the same host
-        and say so (the default address, which a second node on the machine finds taken)."""
+        and say so (the default address, which a second node on the machine finds taken).
+        ``allowed_hosts``: names besides localhost and IP addresses that a request's
+        ``Host`` may give ([status] allowed_hosts), whatever ``listen`` is."""
         host, port = parse_host_port(listen)
         server = _HTTPServer6 if ":" in host else _HTTPServer
         try:
@@ -526,7 +609,8 @@ class StatusServer:
                 "choose another with --status-listen HOST:PORT (port 0 picks a free one) "
                 "or set status.enabled = false"
             ) from None
-        self._httpd.loopback = _loopback_host(host)
+        self._httpd.allowed_hosts = frozenset(h.lower().rstrip(".") for h in allowed_hosts)
+        self._httpd.limit(request_timeout_s, max_threads)
         self._thread: threading.Thread | None = None
         self._file: Path | None = None
 

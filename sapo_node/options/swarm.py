@@ -3,6 +3,7 @@ defences, the network (swarm, discovery, reachability) and the status endpoint."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +16,9 @@ from pydantic import (
 from sapo_node.net.dnsaddr import parse as parse_bootstrap
 from sapo_node.net.dnsaddr import parse_nameserver
 from sapo_node.options.base import DEFAULT_STATUS_LISTEN, SWARM_NAME, _Section, parse_host_port
+
+# a DNS name as a Host header gives it, lower case, without port or final dot
+HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*")
 
 
 class PoolSection(_Section):
@@ -292,6 +296,14 @@ class StatusSection(_Section):
         "(sapo-node status finds it), and so does the default when another node holds it; "
         "0.0.0.0 serves every interface.",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Host names, besides localhost and IP addresses, whose requests the "
+        "endpoint answers (a Prometheus that scrapes it by a container's name, say), "
+        "whatever address it listens on; any other Host header is refused (403), so that "
+        "a web page cannot read the endpoint through a DNS name rebound to it.",
+    )
     stall_factor: float = Field(
         10.0,
         ge=1.0,
@@ -319,3 +331,15 @@ class StatusSection(_Section):
     def _listen(cls, value: str) -> str:
         parse_host_port(value)
         return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: list[str]) -> list[str]:
+        names = [name.strip().lower().rstrip(".") for name in value]
+        for name, given in zip(names, value, strict=True):
+            if not HOST_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{given!r} is not a host name (letters, digits, '-' and '.'; no port, "
+                    "no scheme, no wildcard)"
+                )
+        return names

@@ -1,19 +1,25 @@
 """The live page's server side without a browser: the history of metrics.jsonl (every
 round, thinned past a bound, a resumed file read again, torn lines skipped), the page's
-files, its headers, and the refusal of non-loopback Host names on a loopback endpoint."""
+files, its headers, the refusal of unknown Host names whatever the endpoint listens on,
+and the endpoint's bounds on time and threads (all on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from sapo_node.config import load_config
+from sapo_node.config import ConfigError, load_config
 from sapo_node.history import History, moving_average, thin
+from sapo_node.lifecycle import status_endpoint
 from sapo_node.net.memory import MemoryHub
-from sapo_node.status import Status, StatusServer, _loopback_host, points_of, static_file
+from sapo_node.status import Status, StatusServer, host_allowed, points_of, static_file
 
 
 def _write(path: Path, rounds: range, **extra) -> None:
@@ -71,9 +77,12 @@ def test_helpers() -> None:
     assert points_of({"points": ["5"]}) == 5 and points_of({"points": ["x"]}) == 2000
     assert points_of({"points": ["99999999"]}) == 2000
     for host in ("127.0.0.1:9141", "localhost:1", "[::1]:9141", "127.0.0.2", "LOCALHOST"):
-        assert _loopback_host(host), host
-    for host in ("evil.example:9141", "192.168.1.2:9141", "[fe80::1]:1", "localhost.evil"):
-        assert not _loopback_host(host), host
+        assert host_allowed(host), host
+    for host in ("192.168.1.2:9141", "[fe80::1]:1", "localhost."):  # addresses rebind nothing
+        assert host_allowed(host), host
+    for host in ("evil.example:9141", "localhost.evil", "sapo", "", "[bad"):
+        assert not host_allowed(host), host
+    assert host_allowed("SAPO.:9141", frozenset({"sapo"}))
     assert static_file("node.js")[0] == 200 and static_file("node.html")[1].startswith("text/html")
     for name in ("../status.py", "..", ".hidden.js", "x.py", "nothing.js"):
         assert static_file(name)[0] == 404, name
@@ -120,3 +129,98 @@ def test_a_loopback_endpoint_refuses_other_host_names(endpoint) -> None:
     assert _get(endpoint, "/status", host="attacker.example:9141")[0] == 403
     assert _get(endpoint, "/", host="attacker.example")[0] == 403
     assert _get(endpoint, "/status", host="localhost:9141")[0] == 200
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "0.0.0.0:0", "[::]:0"])
+def test_the_host_check_is_the_configs_whatever_the_listen_address(tmp_path, listen) -> None:
+    """operations.md advised 0.0.0.0 in a container, which turned the Host check off: a
+    browser on the host could read /status through a rebound DNS name. The check is now
+    [status] allowed_hosts', on every address. Served on 127.0.0.1 here (tests use
+    loopback only), with the config of each listen address: the server the node builds
+    from it (lifecycle.status_endpoint) answers the same."""
+    cfg = load_config(
+        overrides={
+            "node": {"data_dir": str(tmp_path)},
+            "status": {"listen": listen, "allowed_hosts": ["Sapo-Node."]},
+        },
+        environ={},
+    )
+    assert cfg.status.allowed_hosts == ["sapo-node"]
+    cfg.status.listen = "127.0.0.1:0"  # what is served; the rest is the config's
+    server = status_endpoint(cfg)
+    server.serve(Status(cfg, transport=MemoryHub().join("relay-id")))
+    try:
+        assert _get(server, "/status", host="attacker.example:9141")[0] == 403
+        assert _get(server, "/status", host="sapo-node:9141")[0] == 200
+        assert _get(server, "/metrics", host="127.0.0.1:9141")[0] == 200
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("name", ["*", "sapo:9141", "http://sapo", "a b", "-x", "x..y"])
+def test_allowed_hosts_are_host_names(name: str) -> None:
+    with pytest.raises(ConfigError, match="allowed_hosts"):
+        load_config(overrides={"status": {"allowed_hosts": [name]}}, environ={})
+
+
+def _silent_client(server: StatusServer, first: bytes = b"GET /status HTTP/1.0\r\n"):
+    port = int(server.url.rsplit(":", 1)[1])
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    client.sendall(first)  # and never the end of its request
+    return client
+
+
+def test_a_slow_client_is_cut_off_however_it_trickles(tmp_path) -> None:
+    """No handler timeout held a thread for as long as a client kept its connection: one
+    that sends nothing more, or a byte now and then."""
+    cfg = load_config(overrides={"node": {"data_dir": str(tmp_path)}}, environ={})
+    server = StatusServer("127.0.0.1:0", request_timeout_s=1.0)
+    server.serve(Status(cfg, transport=MemoryHub().join("relay-id")))
+    try:
+        silent = _silent_client(server)
+        trickling = _silent_client(server)
+        started = time.monotonic()
+        while time.monotonic() - started < 3.0:  # a header byte every 0.2 s, for 3 s
+            try:
+                trickling.sendall(b"X")
+            except OSError:
+                break
+            time.sleep(0.2)
+        cut = time.monotonic() - started
+        assert cut < 2.9, "the trickling client was never cut off"
+        for client in (silent, trickling):
+            with client, contextlib.suppress(ConnectionResetError):
+                assert client.recv(1024) == b""  # closed by the server, no answer
+        assert _get(server, "/healthz")[0] == 200  # and the endpoint still answers
+    finally:
+        server.close()
+
+
+def test_threads_are_bounded_and_one_more_request_is_answered_busy(tmp_path) -> None:
+    """Each request had a thread of its own, without bound: a client opening connections
+    and sending nothing piled up threads in the node's process."""
+    cfg = load_config(overrides={"node": {"data_dir": str(tmp_path)}}, environ={})
+    server = StatusServer("127.0.0.1:0", max_threads=4, request_timeout_s=30.0)
+    server.serve(Status(cfg, transport=MemoryHub().join("relay-id")))
+    clients = []
+    try:
+        before = threading.active_count()
+        clients = [_silent_client(server) for _ in range(4)]
+        deadline = time.monotonic() + 10
+        while threading.active_count() < before + 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        clients += [_silent_client(server) for _ in range(20)]
+        time.sleep(0.5)
+        assert threading.active_count() <= before + 4
+        code, _, _ = _get(server, "/healthz")
+        assert code == 503  # busy, at once, rather than queued behind the silent ones
+        for client in clients[:4]:
+            client.close()
+        deadline = time.monotonic() + 10
+        while _get(server, "/healthz")[0] != 200:  # slots come back as the clients leave
+            assert time.monotonic() < deadline, "no slot came back"
+            time.sleep(0.1)
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
