@@ -375,7 +375,7 @@ def share(
     share_dir = data_dir or cfg.node.resolved_data_dir() / "share"
     from sapo_node.lifecycle import NodeFailed, hold_data_dir, join_swarm
     from sapo_node.logs import configure_logging
-    from sapo_node.share import Checker
+    from sapo_node.share import Checker, read_lines
     from sapo_node.share import share as share_lines
 
     configure_logging(cfg.node.json_logs)
@@ -395,7 +395,7 @@ def share(
     checker = Checker(cfg, author)
     try:
         outcome = share_lines(
-            stream,
+            read_lines(stream),
             checker,
             connect,
             streaming=streaming,

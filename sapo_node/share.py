@@ -32,7 +32,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from sapo_node import wire
 from sapo_node.config import Config
@@ -52,6 +52,7 @@ TASK_FIELDS = {"family", "config", "seed", "index"}
 DEFAULT_MODEL = "external"
 MAX_LINE_BYTES = wire.MAX_MESSAGE_BYTES  # a longer line cannot become a valid message
 LINGER_S = 2.0  # after the last publish: GossipSub writes to peers' streams after it returns
+SKIP_CHUNK = 64 * 1024  # the rest of a line too long is read and dropped this much at a time
 
 # Reasons found before the message exists (the rest are wire.py's and intake.py's).
 BAD_JSON = "bad_json"
@@ -153,10 +154,13 @@ class Checker:
             return Checked(line, reason=verdict.reason, detail=verdict.detail)
         return Checked(line, message, data, rewards=verdict.item.rewards)
 
-    def check_all(self, lines: Iterable[str | bytes]) -> Iterator[Checked]:
+    def check_all(self, lines: Iterable[str | bytes | Overlong]) -> Iterator[Checked]:
         """Every non-blank line, numbered from 1, checked in order."""
         for number, text in enumerate(lines, start=1):
-            if text.strip():
+            if isinstance(text, Overlong):
+                detail = f"{int(text)} bytes, at most {MAX_LINE_BYTES}"
+                yield Checked(number, reason=LINE_TOO_LONG, detail=detail)
+            elif text.strip():
                 yield self.check(text, number)
 
     def _message(self, text: str | bytes) -> wire.RolloutGroup:
@@ -219,6 +223,31 @@ class Checker:
             self.scorer.close()
 
 
+class Overlong(int):
+    """A line longer than MAX_LINE_BYTES, in place of its bytes: its length."""
+
+
+def read_lines(stream: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[bytes | Overlong]:
+    """The lines of ``stream`` as they come, none read whole beyond ``limit`` bytes (the
+    newline not counted): a longer line is read on and dropped, ``SKIP_CHUNK`` bytes at a
+    time, and comes as its :class:`Overlong` length, so that a stream of one endless line
+    costs no more memory than a line of the limit."""
+    while True:
+        line = stream.readline(limit + 2)  # the limit, the newline, and one more
+        if not line:
+            return
+        if line.endswith(b"\n") or len(line) <= limit:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = stream.readline(SKIP_CHUNK)
+            if not line:
+                break
+            size += len(line)
+        yield Overlong(size - line.endswith(b"\n"))
+
+
 def _task_ref(task: object) -> TaskRef:
     if not isinstance(task, dict):
         raise _Refused(BAD_TASK, "task must be an object with family, config, seed, index")
@@ -263,7 +292,7 @@ class Outcome:
 
 
 def share(
-    lines: Iterable[str],
+    lines: Iterable[str | bytes | Overlong],
     checker: Checker,
     connect: Callable[[], Any] | None,
     *,

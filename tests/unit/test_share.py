@@ -3,8 +3,12 @@ reported line by line with the receiver's reason, and nothing half-sent."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
+from types import SimpleNamespace
+from unittest.mock import patch
 
 import pytest
 
@@ -12,7 +16,7 @@ from sapo_node import wire
 from sapo_node.config import load_config
 from sapo_node.intake import Intake
 from sapo_node.pool import Pool
-from sapo_node.share import Checker, line_of, share
+from sapo_node.share import MAX_LINE_BYTES, Checker, Overlong, line_of, read_lines, share
 from sapo_node.tasks import TaskRef, make_task
 from tests.support.cli import run_cli
 
@@ -204,3 +208,68 @@ def test_the_command_checks_a_file_line_by_line(tmp_path: Path, capsys) -> None:
     assert code == 1 and "cannot read" in err
     code, _, err = run_cli(["start", "--generate"], capsys)
     assert code == 2 and "--no-train" in err
+
+
+class _Stdin(io.RawIOBase):
+    """A standard input that produces a line of ``endless`` bytes (no newline in it) and
+    then ``after``, and records the most it ever handed over at once."""
+
+    def __init__(self, endless: int, after: bytes) -> None:
+        self.left, self.after, self.most = endless, after, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.left > 0:
+            n = min(len(buffer), self.left)
+            buffer[:n] = b"x" * n
+            self.left -= n
+        else:
+            n = min(len(buffer), len(self.after))
+            buffer[:n], self.after = self.after[:n], self.after[n:]
+        self.most = max(self.most, n)
+        return n
+
+
+class _Bounded:
+    """Standard input's ``buffer`` that takes bounded reads only, and records the largest."""
+
+    def __init__(self, reader: io.BufferedReader) -> None:
+        self.reader, self.largest = reader, 0
+
+    def readline(self, size: int = -1) -> bytes:
+        assert 0 <= size <= MAX_LINE_BYTES + 2, f"a read of {size} bytes"
+        line = self.reader.readline(size)
+        self.largest = max(self.largest, len(line))
+        return line
+
+    def __iter__(self):
+        raise AssertionError("iterated: each line read whole, however long")
+
+
+def test_share_from_stdin_reads_no_line_whole_past_the_limit(tmp_path: Path, capsys) -> None:
+    """``share -`` read each line whole before it checked its length: a program writing
+    one endless line grew the reader's memory without bound. Here a 64 MiB line comes
+    first: it is refused with its true length, no read held more than the limit, and the
+    good line after it is still checked."""
+    config = _config(tmp_path)
+    big = 64 * 2**20
+    raw = _Stdin(big, ("\n" + _good(40) + "\n").encode())
+    stdin = _Bounded(io.BufferedReader(raw, buffer_size=8192))
+    with patch.object(sys, "stdin", SimpleNamespace(buffer=stdin)):
+        code, out, err = run_cli(["share", "-", "--config", str(config), "--check"], capsys)
+    assert code == 1 and "2 lines checked, 1 refused, 0 sent" in out, (out, err)
+    lines = err.splitlines()
+    assert lines[0] == f"line 1: refused: line_too_long ({big} bytes, at most {MAX_LINE_BYTES})"
+    assert lines[1].startswith("line 2: ok (basic_arithmetic"), lines
+    assert stdin.largest <= MAX_LINE_BYTES + 2
+
+
+@pytest.mark.parametrize("size", [MAX_LINE_BYTES - 1, MAX_LINE_BYTES, MAX_LINE_BYTES + 1])
+def test_read_lines_keeps_lines_up_to_the_limit_and_measures_the_rest(size: int) -> None:
+    data = b"a\n" + b"y" * size + b"\n" + b"z" * (size + 5)  # the last one without newline
+    got = list(read_lines(io.BytesIO(data)))
+    assert got[0] == b"a\n"
+    assert got[1] == b"y" * size + b"\n" or (size > MAX_LINE_BYTES and got[1] == size)
+    assert isinstance(got[2], Overlong) and got[2] == size + 5
