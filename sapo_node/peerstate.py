@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ import structlog
 log = structlog.get_logger(__name__)
 
 VERSION = 1
+_SAVING = threading.Lock()  # the round loop and the network's reader thread both save
 NET_FILE = "peers-net.json"
 DEFENCE_FILE = "peers-defence.json"
 MAX_BANNED = 10_000  # bans kept, by the network process and in NET_FILE
@@ -81,23 +84,27 @@ def save(path: Path, kind: str, state: dict[str, Any]) -> bool:
     """Replace ``path`` with ``state``, atomically; False (logged) if it cannot be written
     (a full disk, a read-only mount: the node goes on with its state in memory)."""
     text = json.dumps({"kind": kind, "version": VERSION, "saved": time.time(), "state": state})
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp: Path | None = None
     try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with _SAVING:  # one at a time, each through a temporary file of its own
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+            tmp = Path(name)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except OSError as exc:
         log.warning("peer state not saved", path=str(path), error=str(exc))
         return False
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     return True
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import threading
 
 import structlog
 
@@ -22,6 +23,31 @@ def test_saved_state_loads_back_and_the_write_leaves_no_temporary(tmp_path) -> N
     state = {"banned": {"peer-a": 2e9}, "penalties": {"peer-b": [3.0, 0.0, 1e9]}}
     assert peerstate.save(path, "net", state)
     assert peerstate.load(path, "net") == state
+    assert [p.name for p in tmp_path.iterdir()] == [peerstate.NET_FILE]
+
+
+def test_two_threads_saving_at_once_both_succeed_and_leave_one_whole_file(tmp_path) -> None:
+    """The round loop and the network's reader thread both save peer state. With one
+    temporary name per process, one thread's write truncated or removed the other's
+    temporary file before it was moved into place."""
+    path = tmp_path / peerstate.NET_FILE
+    results: list[bool] = []
+    start = threading.Barrier(2)
+
+    def saver(who: str) -> None:
+        start.wait()
+        for i in range(100):
+            big = {f"peer-{who}-{j}": 2e9 + i for j in range(200)}
+            results.append(peerstate.save(path, "net", {"banned": big, "penalties": {}}))
+
+    threads = [threading.Thread(target=saver, args=(w,)) for w in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(True) == 200, results.count(False)
+    banned = peerstate.load(path, "net")["banned"]
+    assert len(banned) == 200 and len({k.split("-")[1] for k in banned}) == 1  # one whole state
     assert [p.name for p in tmp_path.iterdir()] == [peerstate.NET_FILE]
 
 
