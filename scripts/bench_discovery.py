@@ -1,7 +1,8 @@
 """How long a public node's discovery pass takes when its peerstore holds peers whose
 addresses lead nowhere: the LAN addresses of nodes behind NAT, as they spread before
 issue 30. Baseline: the loop as it was (one dial at a time, no bound on the pass);
-current: the shipped bound (DIAL_CONCURRENCY at once, DIAL_PASS_S in all).
+current: the shipped bound (DIAL_CONCURRENCY at once, DIAL_PASS_S a pass in all, at most
+half of it for bootstrap peers, which these are).
 
     python scripts/bench_discovery.py [--peers 20]
 

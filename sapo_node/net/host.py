@@ -44,6 +44,7 @@ import hashlib
 import logging
 import math
 import os
+import random
 import signal
 import sys
 import threading
@@ -821,6 +822,7 @@ class Network:
         # A pass dials this many peers at once, for at most this long (None: no bound).
         self.dial_concurrency = int(settings.get("dial_concurrency", DIAL_CONCURRENCY))
         self.dial_pass_s: float | None = settings.get("dial_pass_s", DIAL_PASS_S)
+        self.dial_left = math.inf  # of the pass under way: its bootstrap and other dials share it
         self.me = self.host.get_id()
         self.my_shards = set(self.shards_of(self.me))
         # Bans end at a wall-clock time, nearest end first; those of earlier network
@@ -1278,7 +1280,11 @@ class Network:
             for info in self.bootstrap:
                 self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
             boot = {i.peer_id for i in self.bootstrap} - connected - {self.me}
-            await self._dial_all(list(boot), force=True)
+            # One dialling budget a pass (SPEC.md section 2: 10 s), at most half of it for
+            # the bootstrap peers, in a new order each pass: dead ones can neither starve
+            # the swarm's other peers nor always hide the same live bootstrap peer.
+            self.dial_left = self.dial_pass_s if self.dial_pass_s is not None else math.inf
+            await self._dial_all(random.sample(list(boot), len(boot)), force=True, share=0.5)
             await self._drop_stale(connected)
             # With nobody connected there is nobody to ask (the DHT would spend its whole
             # bound dialling the peerstore, which the dial loop below does anyway).
@@ -1660,10 +1666,11 @@ class Network:
                     members[i] += 1
         return chosen
 
-    async def _dial_all(self, peers: list[ID], *, force: bool = False) -> None:
-        """Dial ``peers``, DIAL_CONCURRENCY at once, for at most DIAL_PASS_S in all:
-        addresses that lead nowhere (a NAT'd peer's LAN address, a node that left) cost
-        a pass at most that long, however many there are, and their peers back off."""
+    async def _dial_all(self, peers: list[ID], *, force: bool = False, share: float = 1.0) -> None:
+        """Dial ``peers``, DIAL_CONCURRENCY at once, for at most ``share`` of what is left
+        of the pass's DIAL_PASS_S: addresses that lead nowhere (a NAT'd peer's LAN
+        address, a node that left) cost a pass at most that long in all, however many
+        there are, and their peers back off."""
         if not peers:
             return
         slots = trio.CapacityLimiter(self.dial_concurrency)
@@ -1672,10 +1679,12 @@ class Network:
             async with slots:
                 await self._dial(peer, force=force)
 
-        with trio.move_on_after(self.dial_pass_s if self.dial_pass_s is not None else math.inf):
+        started = trio.current_time()
+        with trio.move_on_after(self.dial_left * share):
             async with trio.open_nursery() as nursery:
                 for peer in peers:
                     nursery.start_soon(one, peer)
+        self.dial_left = max(0.0, self.dial_left - (trio.current_time() - started))
 
     async def _dial(self, peer: ID, *, force: bool = False) -> bool:
         now = time.monotonic()
