@@ -419,6 +419,8 @@ class _HTTPServer(ThreadingHTTPServer):
         if not self.slots.acquire(blocking=False):
             with contextlib.suppress(OSError):
                 request.sendall(BUSY)  # a few bytes into a fresh socket's buffer
+                request.setblocking(False)  # take what of the request has come, without
+                request.recv(65536)  # waiting: closing on unread bytes resets the answer
             self.shutdown_request(request)
             return
         with self.deadlines_lock:
