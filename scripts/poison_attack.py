@@ -25,7 +25,12 @@ Everything else, seeds included, is the same in both, so the two runs differ onl
 Output: OUT/rounds.jsonl (one line per node and round, with a few of the node's metrics,
 ROUND_KEYS; runs before 0.3.0 wrote them in the old names: reward_mean, external_groups,
 groups_trained, t_round), OUT/evals.jsonl, OUT/report.json (the summary below, also
-printed). Each node's data directory is OUT/node-<i>.
+printed). Each node's data directory is OUT/node-<i>: its metrics and its pool, which the
+report reads. Its weights are not kept: no checkpoint is written, and the de-quantised
+model copy the nodes shared (OUT/.models) is deleted at the end, unless
+``--keep-checkpoints`` (each node's final checkpoint, for ``sapo-node eval --data-dir
+OUT/node-<i>``): a checkpoint holds a full model and its optimiser state, and runs that
+kept one a node filled a disk.
 
 Usage (docs/security.md has the commands and the results):
     python scripts/poison_attack.py --out DIR --defences off --rounds 40
@@ -91,6 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an experiment file whose [base] and [eval] tables set up the nodes",
     )
     p.add_argument("--model", help="override the base's model.name (tests: a tiny model)")
+    p.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep each node's final checkpoint and the model copy (default: the report's "
+        "files only)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -280,16 +291,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             if args.eval_every and (r + 1) % args.eval_every == 0 or r + 1 == args.rounds:
                 evaluate(r + 1)
-        for node in nodes:
-            node.save()
+        if args.keep_checkpoints:
+            for node in nodes:
+                node.save()
     finally:
         rounds_log.close()
         evals_log.close()
         for node in nodes:
             node.close()
+        if not args.keep_checkpoints:
+            _drop_model_copy(args.out)
     report = summarise(args.out)
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
+
+
+def _drop_model_copy(out: Path) -> None:
+    """Delete the model copy the nodes shared (``experiment._share_model_cache``) and their
+    links to it; a node started on one of these directories makes it again."""
+    import shutil
+
+    for link in out.glob("node-*/models"):
+        if link.is_symlink():
+            link.unlink()
+    shutil.rmtree(out / ".models", ignore_errors=True)
 
 
 def summarise(out: Path) -> dict[str, Any]:

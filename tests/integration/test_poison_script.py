@@ -58,7 +58,18 @@ def _run(out: Path, model: Path, defences: str, *more: str) -> dict:
 def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
     off = _run(tmp_path / "off", tiny_model_dir, "off")
     # defended against two identities (a Sybil attacker), 2 groups a round each
-    on = _run(tmp_path / "on", tiny_model_dir, "on", "--identities", "2", "--groups", "2")
+    on = _run(
+        tmp_path / "on", tiny_model_dir, "on", "--identities", "2", "--groups", "2",
+        "--keep-checkpoints",
+    )  # fmt: skip
+    # Issue 47: only what the report reads stays, unless asked (a checkpoint a node, and
+    # the model copy, filled a disk).
+    for i in (0, 1):
+        assert not (tmp_path / "off" / f"node-{i}" / "checkpoints").exists()
+        assert (tmp_path / "off" / f"node-{i}" / "pool.sqlite3").exists()
+        latest = tmp_path / "on" / f"node-{i}" / "checkpoints" / "LATEST"
+        assert latest.read_text().strip() == "round-000002"
+    assert not (tmp_path / "off" / ".models").exists() and (tmp_path / "on" / ".models").is_dir()
     for report in (off, on):
         assert 0.0 <= report["own_payload_rate_last_tenth"] <= 1.0
         assert 0.0 <= report["eval_payload_rate_end"] <= 1.0
