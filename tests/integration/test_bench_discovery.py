@@ -10,16 +10,14 @@ from pathlib import Path
 import pytest
 
 from sapo_node.net.host import DIAL_PASS_S, DIAL_TIMEOUT_S
-from tests.support.namespaces import unshare_problem
+from tests.support.namespaces import need_namespaces, unshare_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(120)
 def test_the_discovery_benchmark_runs() -> None:
-    problem = unshare_problem("ip", "link", "set", "lo", "up")
-    if problem:
-        pytest.skip(problem)
+    need_namespaces(unshare_problem("ip", "link", "set", "lo", "up"))
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_discovery.py"), "--peers", "1"],
         capture_output=True, text=True, timeout=100, cwd=ROOT,

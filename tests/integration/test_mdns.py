@@ -5,14 +5,15 @@ mDNS multicasts on every interface it sees, so it runs only inside a user + netw
 namespace this test creates (``unshare -rn``), where the only interfaces are the ones
 ``tests/support/mdns_pair.py`` makes: ``lo``, and in the ``veth`` case a veth pair into a
 second namespace. Nothing is ever multicast on this machine's own interfaces; where
-unprivileged namespaces are not allowed the tests are skipped, with the reason.
+unprivileged namespaces are not allowed the tests are skipped, with the reason (they
+fail instead under ``SAPO_REQUIRE_NAMESPACES=1``, as in CI: tests/support/namespaces.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.namespaces import run_unshared, unshare_problem, veth_problem
+from tests.support.namespaces import need_namespaces, run_unshared, unshare_problem, veth_problem
 
 RUN_S = 100  # a pair starts in ~8 s, finds each other ~1 s later; generous for a loaded CI
 
@@ -26,9 +27,7 @@ def test_two_nodes_find_each_other_by_mdns_and_exchange_messages(mode: str) -> N
     ``ipfs``: as ``lo``, beside a peer that announces and browses IPFS's mDNS name: the
     swarm's name (SPEC 2, *Discovery*) keeps the pair from finding it, and from dialling
     it (on IPFS's name, each dialled it within seconds)."""
-    problem = unshare_problem("true") or (veth_problem() if mode == "veth" else None)
-    if problem:
-        pytest.skip(problem)
+    need_namespaces(unshare_problem("true") or (veth_problem() if mode == "veth" else None))
     code, result, log = run_unshared("tests.support.mdns_pair", "--mode", mode, timeout=RUN_S)
     assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
     assert result["mode"] == mode

@@ -6,7 +6,7 @@ Nothing leaves the namespaces: their addresses are 198.18.0.0/15 and, behind the
 routers, 10.0.0.0/8, inside a network namespace of their own. The UPnP router's IGD is a
 small Python one (tests/support/igd.py; tests/support/nat_upnp.py says why not miniupnpd).
 Where namespaces or nftables are missing the test is skipped with the reason; `.ci/run`
-installs nftables, so CI runs it.
+installs nftables and sets ``SAPO_REQUIRE_NAMESPACES=1``, so CI runs it or fails.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.namespaces import nft_problem, run_unshared
+from tests.support.namespaces import need_namespaces, nft_problem, run_unshared
 from tests.support.nat_upnp import IGD_ACTIONS
 
 RUN_S = 150  # ~45 s quiet (six network processes start one after another), 75 s loaded
@@ -23,10 +23,9 @@ RUN_S = 150  # ~45 s quiet (six network processes start one after another), 75 s
 
 def checks_of(module: str, *args: str, timeout: float) -> dict:
     """The checks of ``module`` run in namespaces of its own (skipped, with the reason,
-    where nftables or namespaces are missing); the test fails unless every one passed."""
-    problem = nft_problem()
-    if problem:
-        pytest.skip(problem)
+    where nftables or namespaces are missing: ``need_namespaces``); the test fails unless
+    every one passed."""
+    need_namespaces(nft_problem())
     code, result, log = run_unshared(module, *args, timeout=timeout)
     assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
     return result["checks"]

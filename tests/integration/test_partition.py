@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.namespaces import nft_problem, run_unshared
+from tests.support.namespaces import need_namespaces, nft_problem, run_unshared
 
 RUN_S = 150  # ~35 s quiet
 
 
 @pytest.mark.timeout(RUN_S + 30)
 def test_a_partition_heals_without_restarts_or_bans() -> None:
-    problem = nft_problem()
-    if problem:
-        pytest.skip(problem)
+    need_namespaces(nft_problem())
     code, result, log = run_unshared("tests.support.partition", "--mode", "reset", timeout=RUN_S)
     assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
     checks = result["checks"]

@@ -1,11 +1,13 @@
 """Running a check script inside a user and network namespace of its own, and reading
 its one-line JSON result: the test side (:func:`run_unshared`) and the script side
 (:func:`script_main`) of ``tests/support/{mdns_pair,nat_swarm,nat_nodes,partition}.py``, and why a
-machine cannot run them (the tests skip, saying so)."""
+machine cannot run them: the tests skip, saying so, unless ``SAPO_REQUIRE_NAMESPACES=1``
+(``.ci/run`` sets it), where they fail instead (:func:`need_namespaces`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -16,6 +18,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+REQUIRE = "SAPO_REQUIRE_NAMESPACES"  # "1": a namespace test that cannot run fails
+
+
+def need_namespaces(problem: str | None) -> None:
+    """Go on if ``problem`` is None; else skip the test, saying why, or, where
+    ``SAPO_REQUIRE_NAMESPACES=1`` (CI), fail it: there a skip would pass unseen."""
+    if problem is None:
+        return
+    if os.environ.get(REQUIRE) == "1":
+        pytest.fail(f"{problem} ({REQUIRE}=1: the namespace tests must run here)")
+    pytest.skip(problem)
 
 
 def run_unshared(module: str, *args: str, timeout: float) -> tuple[int, dict, str]:

@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -244,19 +245,23 @@ def _swarm(tmp_path: Path, behaviour: list[tuple[str, float, int]], **kw) -> sw.
     return swarm
 
 
+def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Until ``condition()`` holds, or ``timeout`` s (the test's asserts then say what
+    did not happen): a condition, not a fixed sleep, however loaded the machine."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _signal_when_up(swarm: sw.Swarm, signum: int, times: int = 1) -> threading.Thread:
     def go() -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if all(sw.read_last_record(c.spec.metrics_path) for c in swarm.children):
-                break
-            time.sleep(0.05)
-        time.sleep(0.5)  # a view or two (every 0.2 s) shows them running
+        n = len(swarm.children)
+        _wait_for(lambda: f"swarm of {n}: {n} running" in swarm.out.getvalue())  # a view
         for _ in range(times):
             if not swarm.alive():  # run() has ended: its handlers are gone
                 return
             os.kill(os.getpid(), signum)
-            time.sleep(0.3)
+            _wait_for(lambda: "stopping" in swarm.out.getvalue())  # taken in: the next
 
     thread = threading.Thread(target=go, daemon=True)
     thread.start()
