@@ -284,9 +284,9 @@ class Node:
         self.round = 0
         self.cumulative_reward = 0.0
         self.mix = Mix()  # own groups' signal and per-family reward: J and the need
-        # True while the running round has changed what a checkpoint holds but is not
-        # counted yet: a checkpoint now would label round r's state r (run).
-        self._changed = False
+        # The last round that changed what a checkpoint holds: until it is counted
+        # (self.round past it) a checkpoint would label its state as its start (save).
+        self._changed_round: int | None = None
         self.failure: str | None = None
         # What the status endpoint reads: the loop's progress, the last round recorded
         # and the last one that ran the held-out evaluation.
@@ -330,11 +330,12 @@ class Node:
                             batch_tokens=batch.batch_tokens,
                         )
                     finally:
-                        self._changed = self.trainer.changed
+                        if self.trainer.changed:  # even if the step then failed
+                            self._changed_round = self.round
             if stats is None:
                 raise Stopped
-            # From here the round changes what a checkpoint holds until it is counted (run).
-            self._changed = True
+            # From here the round changes what a checkpoint holds until it is counted.
+            self._changed_round = self.round
             self.mix.observe((g.task.ref.family, g.rewards) for g in local)
             moves: Counter[str] = Counter()
             for g in local:
@@ -362,7 +363,7 @@ class Node:
         stop lands: a round changes what a checkpoint holds (weights, optimiser, mix,
         curriculum, reward sum) only from its optimiser step on (a stop before it ends the
         round with nothing changed; after it, the round runs to the end), and until the
-        round is counted (``_changed``) nothing saves. SystemExit (a second signal:
+        round is counted ``save`` writes nothing. SystemExit (a second signal:
         ``lifecycle.on_signals``) and KeyboardInterrupt abort without saving; the last
         checkpoint stands, and a resume cuts metrics.jsonl back to it.
         """
@@ -394,7 +395,6 @@ class Node:
                     log.error("stopping", reason=self.failure)
                     break
                 self.round += 1
-                self._changed = False
                 done_here += 1
                 self.last_record = record
                 if "eval/pass1" in record:
@@ -407,8 +407,7 @@ class Node:
             aborted = True
             raise
         finally:
-            every = self.config.node.checkpoint_every
-            if done_here and not aborted and not self._changed and self.round % every != 0:
+            if done_here and not aborted and self.round % self.config.node.checkpoint_every:
                 self.save()
         return done_here
 
@@ -698,7 +697,17 @@ class Node:
         return rec
 
     def save(self) -> None:
-        """Checkpoint the completed rounds; a failure is logged and training goes on."""
+        """Checkpoint the completed rounds; a failure is logged and training goes on.
+
+        Nothing is written while a round that changed the state is not counted yet (its
+        caller adds 1 to ``round`` once it is recorded): that checkpoint would hold round
+        r's weights labelled r, and a resume would train round r twice (``run``).
+        """
+        if self._changed_round is not None and self.round <= self._changed_round:
+            log.warning(
+                "no checkpoint: round part-way, the last checkpoint stands", round=self.round
+            )
+            return
         state = {
             "round": self.round,
             "seed": self.seed,
@@ -750,6 +759,7 @@ class Node:
         self.curriculum.load_state_dict(st["curriculum"])
         self.mix.load_state_dict(st.get("mix", {}))  # absent before 0.3.1: starts afresh
         self.metrics.truncate(int(st["metrics_offset"]))
+        self._changed_round = None  # the state is the checkpoint's
         log.info("resumed", round=self.round, checkpoint=str(path))
 
     def close(self) -> None:

@@ -195,3 +195,28 @@ def test_a_signal_in_any_phase_leaves_a_consistent_checkpoint(
     _assert_same(torch.load(path / "optimizer.pt", weights_only=False), ref_optimizer)
     # the rounds the checkpoint counts in metrics.jsonl (a resume cuts the file there)
     assert recorded[: state["metrics_offset"]].count(b"\n") == saved_round
+
+
+def test_no_caller_can_save_a_round_part_way(runs, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The experiment runner and the attack script drive ``run_round`` themselves and save
+    in their own ``finally``: ``Node.save`` itself writes nothing between a round's step
+    and its count (the caller's ``round += 1``), so none of them can label round 2's
+    weights 2."""
+    base, reference = runs
+    data = tmp_path / "data"
+    shutil.copytree(base, data)
+    node = _node(tiny_model_dir, data, 3, 3)
+    try:
+        node.resume()
+        record = node.run_round(node.round)
+        node.save()  # as a caller's finally would, after an error or a second signal
+        assert _saved(data)[0] == 1
+        node.metrics.append(record)
+        node.round += 1  # counted: now it saves
+        node.save()
+    finally:
+        node.close()
+    saved_round, state, weights, _ = _saved(data)
+    ref_state, ref_weights, _ = reference[2]
+    assert saved_round == 2 and state["mix"] == ref_state["mix"]
+    assert all(torch.equal(t, ref_weights[k]) for k, t in weights.items())
