@@ -83,8 +83,8 @@ def identity(
     from sapo_node import wire
     from sapo_node.net import NetError
     from sapo_node.net import identity as ident
-    from sapo_node.net.host import announced_addresses
     from sapo_node.net.reach import decide
+    from sapo_node.net.reachability import announced_addresses
 
     cfg = load_with_flags(config, data_dir=data_dir, listen=listen, announce=announce)
     try:

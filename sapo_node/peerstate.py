@@ -176,7 +176,7 @@ def summary(data_dir: Path, now: float | None = None) -> dict[str, Any]:
 class Penalties:
     """Peers' score penalties that outlive their connections and the network process:
     ``peer -> (invalid messages, behaviour penalty, when taken)``, as GossipSub's scorer
-    counts them (``net/host.py``). Each decays by ``decay`` a second, as the scorer's own
+    counts them (``net/pubsub.py``). Each decays by ``decay`` a second, as the scorer's own
     counters do each 1 s heartbeat; one decayed below ``floor`` is forgotten; at most
     ``limit`` are kept (the least recently taken go first).
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sapo_node.config import NetSection, PoolSection  # noqa: E402
 from sapo_node.net import identity  # noqa: E402
-from sapo_node.net.host import DIAL_CONCURRENCY, DIAL_PASS_S  # noqa: E402
+from sapo_node.net.discovery import DIAL_CONCURRENCY, DIAL_PASS_S  # noqa: E402
 from sapo_node.net.process import Libp2pTransport  # noqa: E402
 
 

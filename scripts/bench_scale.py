@@ -214,7 +214,7 @@ def measure(swarm: ScaleSwarm, args: argparse.Namespace) -> dict[str, Any]:
             received[r] += 1
     # delivery: of the others' groups published 3 s or more before the end on a topic
     # the node joined, the share it received (the last ones may still be on their way).
-    # A member publishes its groups on its shards in turn (host.py), so the author's
+    # A member publishes its groups on its shards in turn (net/pubsub.py), so the author's
     # seq-th group went to shard shards[seq % k].
     t_end = time.time()
     with ledger.lock:

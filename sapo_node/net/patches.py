@@ -12,9 +12,9 @@ Three kinds of change:
 - module functions and classes replaced (:data:`REPLACED`), in the module that defines
   them and in every loaded py-libp2p module that imported them (those that should see
   the node's version), or in one module only (those meant for one user);
-- methods overridden by the node's subclasses (``net/host.py``, ``net/autonat.py``):
-  :data:`OVERRIDDEN` names each, and :func:`apply` checks the library still has it (a
-  renamed one would no longer be called);
+- methods overridden by the node's subclasses (``net/pubsub.py``, ``net/discovery.py``,
+  ``net/reachability.py``, ``net/autonat.py``): :data:`OVERRIDDEN` names each, and
+  :func:`apply` checks the library still has it (a renamed one would no longer be called);
 - hooks set on one object (the DHT's routing table and provider store): :func:`guard_dht`,
   with the same checks.
 """

@@ -3,7 +3,7 @@
 One network runs in each network process (``python -m sapo_node.net.host``), and
 py-libp2p calls the hooks that need this state (identify's message, the signed peer
 record: net/patches.py) with nothing but the host, so it is one object per process:
-:data:`STATE`. Only the network (``net/host.py``) changes it.
+:data:`STATE`. Only the network (``net/network.py`` and its behaviours) changes it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo_node.net.host import DIAL_PASS_S, DIAL_TIMEOUT_S
+from sapo_node.net.discovery import DIAL_PASS_S, DIAL_TIMEOUT_S
 from tests.support.namespaces import need_namespaces, unshare_problem
 
 ROOT = Path(__file__).resolve().parents[2]

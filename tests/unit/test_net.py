@@ -196,7 +196,7 @@ def test_the_dht_key_is_the_topics_cid_other_kademlias_take():
     from cid import make_cid
     from libp2p.kad_dht.kad_dht import _encode_key
 
-    from sapo_node.net.host import dht_key
+    from sapo_node.net.discovery import dht_key
 
     topic = "sapo/demo/rollouts/v2"
     key = dht_key(topic)
@@ -217,7 +217,7 @@ def test_a_peer_that_pruned_this_node_may_graft_it_again_unpunished():
     from libp2p.peer.id import ID
     from libp2p.pubsub.pb import rpc_pb2
 
-    from sapo_node.net.host import PROTOCOLS, SwarmGossipSub
+    from sapo_node.net.pubsub import PROTOCOLS, SwarmGossipSub
 
     router = SwarmGossipSub(protocols=PROTOCOLS, degree=6, degree_low=4, degree_high=12)
     pruner, pruned = ID(b"\x00\x04peer"), ID(b"\x00\x04gone")

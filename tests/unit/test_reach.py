@@ -140,7 +140,7 @@ def test_a_peer_outside_the_lan_dialling_in_is_evidence_of_reachability() -> Non
     import trio
     from libp2p.peer.peerinfo import info_from_p2p_addr
 
-    from sapo_node.net.host import Network
+    from sapo_node.net.network import Network
     from tests.support.rogue import make_host
 
     async def connected() -> tuple[list, list]:

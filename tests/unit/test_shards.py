@@ -160,7 +160,7 @@ def test_a_forwarder_is_charged_once_per_message_whatever_its_topic_list() -> No
     refusal that is nobody's fault, and the parent's penalties as they come."""
     from libp2p.peer.id import ID
 
-    from sapo_node.net.host import SwarmScorer, score_params
+    from sapo_node.net.pubsub import SwarmScorer, score_params
 
     home, other = wire.shard_topic("demo", 0, 2), wire.shard_topic("demo", 1, 2)
     scorer = SwarmScorer(score_params(), [home, other])
