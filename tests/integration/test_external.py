@@ -364,7 +364,8 @@ def test_every_peer_group_is_accounted_for_by_outcome(receiver: Node) -> None:
     """Issue 33: a group too old on arrival (``too_old``), a duplicate and a pooled group
     that aged out unused (``expired``) are counted apart, per peer (``sapo-node pool``,
     ``/metrics``) and per round (``peer_groups/<outcome>``)."""
-    from sapo_node.status import Status, metric_families
+    from sapo_node.prometheus import metric_families
+    from sapo_node.status import Status
 
     fresh = _shared(31, ("777", "x", "y", "z"))
     assert _send(receiver, _created(fresh, -400.0)) == "too_old"
