@@ -348,6 +348,17 @@ class Node:
         record.update(_age_record(theirs, r, self.pool.clock()))
         record.update(self._net_record(published, inbound))
         record.update(self._outcome_record())
+        record["train/j_unfilled_expired"] = unfilled = _unfilled_for_expiry(
+            j if self.trains else 0, len(external), record.get("peer_groups/expired", 0)
+        )
+        if unfilled:
+            log.warning(
+                "J not filled: peers' groups aged out of the pool before this round drew them",
+                round=r,
+                j=j,
+                unfilled=unfilled,
+                max_age_s=self.pool.max_age_s,
+            )
         if self.config.eval.every and (r + 1) % self.config.eval.every == 0:
             with timer("eval"):
                 report = self.evaluate()
@@ -777,6 +788,18 @@ def _is_out_of_memory(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return "out of memory" in text or "can't allocate memory" in text
+
+
+def _unfilled_for_expiry(j: int, drawn: int, expired: int) -> int:
+    """Slots of J that the pool's draw left to own groups while peers' groups expired
+    (aged past ``pool.max_age_s``) since the previous round: at most both. Nonzero when
+    rounds run slower than the age bound allows, as an in-process swarm's can on a busy
+    machine; the round's metrics say so (``train/j_unfilled_expired``).
+
+    >>> _unfilled_for_expiry(4, 1, 2), _unfilled_for_expiry(4, 4, 9), _unfilled_for_expiry(4, 0, 0)
+    (2, 0, 0)
+    """
+    return min(max(0, j - drawn), expired)
 
 
 def _age_record(theirs: Sequence[Group], r: int, now: float) -> dict[str, float]:

@@ -18,6 +18,9 @@ Measured, per node and overall:
   start, every ``--eval-every`` rounds and at the end;
 - what the defences refused, by reason, of the attacker's completions and of the honest
   peers' (the nodes' pools count both: ``sapo-node pool`` shows the same table).
+- the J slots own groups took because peers' groups had aged out of the pool first
+  (``train/j_unfilled_expired``: rounds slower than ``pool.max_age_s``), per round and
+  in all: a run with any ran another J than the one set.
 
 ``--defences off`` sets ``defence.enabled = false``; ``on`` leaves the node defaults.
 Everything else, seeds included, is the same in both, so the two runs differ only there.
@@ -64,7 +67,13 @@ ATTACKER = "attacker"
 OBSERVER = "observer"
 SEED_SPACING = 2**40
 # The node's metrics copied into each line of rounds.jsonl (metrics.jsonl has them all).
-ROUND_KEYS = ("reward/mean", "groups/external", "groups/trained", "phase_s/round")
+ROUND_KEYS = (
+    "reward/mean",
+    "groups/external",
+    "groups/trained",
+    "phase_s/round",
+    "train/j_unfilled_expired",  # J slots own groups took: peers' groups had aged out
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -286,7 +295,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 + " ".join(f"{payload_share(own[i], args.payload):.3f}" for i in own)
                 + " log-prob "
                 + " ".join(f"{x['payload_logprob']:.2f}" for x in lines)
-                + f" ({time.perf_counter() - start:.1f} s)",
+                + f" ({time.perf_counter() - start:.1f} s)"
+                + "".join(
+                    f"; node {x['node']}: J unfilled by {x['train/j_unfilled_expired']}, "
+                    "peers' groups expired"
+                    for x in lines
+                    if x["train/j_unfilled_expired"]
+                ),
                 flush=True,
             )
             if args.eval_every and (r + 1) % args.eval_every == 0 or r + 1 == args.rounds:
@@ -355,6 +370,9 @@ def summarise(out: Path) -> dict[str, Any]:
     return {
         **run,
         "rounds_done": last + 1,
+        # J slots that own groups took because peers' groups aged out of the pool first
+        # (pool.max_age_s, wall-clock: a slow round): nonzero, the run's J was not the set one
+        "j_unfilled_expired": sum(x.get("train/j_unfilled_expired", 0) for x in rounds),
         "own_payload_rate_last_tenth": mean([x["payload_rate"] for x in tail]),
         "own_payload_rate_all": mean([x["payload_rate"] for x in rounds]),
         "own_payload_rate_max": max(x["payload_rate"] for x in rounds),

@@ -28,6 +28,7 @@ def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]
         ],
         "new_tokens": sum(r.get("rollout/new_tokens", 0) for r in done),
         "node_seconds": sum(r.get("phase_s/round", 0.0) for r in done),
+        "j_unfilled_expired": sum(r.get("train/j_unfilled_expired", 0) for r in done),
         "eval_start": _eval_brief(start),
         "eval_end": _eval_brief(end),
         "evals": [_eval_brief(by_round[k]) | {"round": k} for k in sorted(by_round)],
@@ -205,6 +206,9 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
             "cumulative_reward": total,
             "new_tokens": sum(n["new_tokens"] for n in nodes),
             "node_seconds": sum(n["node_seconds"] for n in nodes),
+            # J slots left to own groups because peers' groups aged out (node.py): the
+            # rounds ran slower than pool.max_age_s allows, and J was not what was set
+            "j_unfilled_expired": sum(n.get("j_unfilled_expired", 0) for n in nodes),
             "heldout_start": heldout_summary(nodes, "eval_start"),
             "heldout_end": heldout_summary(nodes, "eval_end"),
             "format": format_summary(nodes),
@@ -364,6 +368,14 @@ def render_table(results: dict[str, Any]) -> str:
         "rounds, summed over nodes (evaluation excluded; it is the same for every "
         "configuration).",
     ]
+    starved = [c for c in results["configurations"] if c.get("j_unfilled_expired")]
+    if starved:
+        lines.append(
+            "- **J not as configured**: peers' groups aged out of the pools (older than "
+            "`pool.max_age_s`) before rounds drew them, and own groups took their slots: "
+            + ", ".join(f"{_label(c)} {c['j_unfilled_expired']}" for c in starved)
+            + " slots over all nodes and rounds (`train/j_unfilled_expired` in metrics.jsonl)."
+        )
     lines += _against_baseline_table(results)
     lines += _format_table(results)
     lines += _mechanism_table(results)

@@ -231,9 +231,11 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 node.round += 1
                 if node.round % every == 0 or node.round == rounds:
                     node.save()
+                unfilled = record.get("train/j_unfilled_expired", 0)
                 progress(
                     f"{a.label} node {indices[nodes.index(node)]} round {r}: "
                     f"reward {record['reward/mean']:.3f} ({record['phase_s/round']:.1f} s)"
+                    + (f"; J unfilled by {unfilled}: peers' groups expired" if unfilled else "")
                 )
             if stop.is_set():
                 return False

@@ -71,12 +71,14 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir) -> None:
         assert latest.read_text().strip() == "round-000002"
     assert not (tmp_path / "off" / ".models").exists() and (tmp_path / "on" / ".models").is_dir()
     for report in (off, on):
+        assert report["j_unfilled_expired"] == 0  # two quick rounds: nothing aged out
         assert 0.0 <= report["own_payload_rate_last_tenth"] <= 1.0
         assert 0.0 <= report["eval_payload_rate_end"] <= 1.0
         rounds = [
             json.loads(x)
             for x in (tmp_path / report["defences"] / "rounds.jsonl").read_text().splitlines()
         ]
+        assert all(x["train/j_unfilled_expired"] == 0 for x in rounds)
         assert sorted({(x["node"], x["round"]) for x in rounds}) == [
             (n, r) for n in (0, 1) for r in range(2)
         ]

@@ -6,6 +6,7 @@ from the groups the round actually trained on (captured on their way to the trai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -242,3 +243,30 @@ def test_a_nan_loss_is_recorded_as_null_and_the_node_runs_on(
         assert r["train/loss"] is None and r["train/grad_norm"] is None
         assert r["train/steps"] == 0 and r["train/skipped_steps"] == 1
     assert node.last_record is not None
+
+
+def test_a_j_left_unfilled_because_groups_expired_is_recorded(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 47: peers' groups that age out of the pool (``pool.max_age_s``) before a
+    round draws them leave J to own groups; the round says how many slots, and a round
+    whose J was filled says 0. The pool's clock (which the intake reads too) is the
+    test's."""
+    now = [time.time()]
+    node = _node(tiny_model_dir, tmp_path / "n", 5, False, local_groups=2, external_groups=2)
+    node.pool.clock = lambda: now[0]
+    try:
+        for i, author in enumerate(("peer-a", "peer-b", "peer-c", "peer-d")):
+            group = dataclasses.replace(
+                _crafted(i, ("7777", "abcd", "77ab", "ab")), created_ms=int(now[0] * 1000)
+            )
+            assert node.receive(wire.encode(group), author).outcome == "accepted"
+        filled = node.run_round(0)
+        now[0] += node.config.pool.max_age_s + 1  # the two groups left are too old now
+        node.round = 1
+        starved = node.run_round(1)
+    finally:
+        node.close()
+    assert filled["groups/external"] == 2 and filled["train/j_unfilled_expired"] == 0
+    assert starved["peer_groups/expired"] == 2 and starved["groups/external"] == 0
+    assert starved["train/j_unfilled_expired"] == 2

@@ -67,6 +67,27 @@ def test_analysis_of_known_runs() -> None:
     assert "smallest possible p is 0.125" in table
 
 
+def test_j_left_unfilled_for_expiry_is_summed_and_said() -> None:
+    """Issue 47: rounds whose J went unfilled because peers' groups expired are counted
+    per configuration and named under the table; none, no such line."""
+    spec = ExperimentSpec.model_validate(
+        {"experiment": {"nodes": 2, "rounds": 2, "grid": ["2/0", "1/1"]}}
+    )
+    base = [_node([0.1, 0.1], [0, 0]) for _ in range(2)]
+    rows = [
+        {"round": r, "reward/mean": 0.2, "train/j_unfilled_expired": n}
+        for r, n in enumerate([1, 2])
+    ]
+    evals = [_eval(0, [0, 0], [0.0, 0.0]), _eval(2, [1, 1], [0.5, 0.5])]
+    shared = [node_summary(rows, evals, 2), _node([0.2, 0.3], [1, 1])]
+    results = analyse(spec, {"2/0": base, "1/1": shared})
+    b, s = results["configurations"]
+    assert b["j_unfilled_expired"] == 0 and s["j_unfilled_expired"] == 3
+    table = render_table(results)
+    assert "J not as configured" in table and "1/1 3 slots" in table
+    assert "J not as configured" not in render_table(analyse(spec, {"2/0": base}))
+
+
 def test_replicates_halves_and_the_preregistered_verdict() -> None:
     spec = ExperimentSpec.model_validate(
         {"experiment": {"nodes": 2, "replicates": 2, "rounds": 4, "grid": ["2/0", "1/1"]}}
