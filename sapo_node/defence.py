@@ -401,7 +401,7 @@ class Defence:
     def screen(self, own: Sequence[Any], external: Sequence[Any]) -> tuple[list[Any], Counter[str]]:
         """The peers' groups of a round as they may train, and what was refused, by reason.
 
-        ``own`` and ``external`` are ``node.Group``s (this node's rewards, its tokens);
+        ``own`` and ``external`` are ``groups.Group``s (this node's rewards, its tokens);
         the own groups' right answers feed the outside-the-answer reference first.
         """
         counts: Counter[str] = Counter()

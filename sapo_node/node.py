@@ -21,7 +21,7 @@ Departures from the paper, and why:
 - Groups whose rewards are all equal are dropped before the update: their advantage
   is zero, so they would cost a forward/backward pass for no gradient. The loss is still
   normalised over the whole round's batch (all I + J groups), so that dropping them
-  does not rescale the step (``TrainingSet``).
+  does not rescale the step (``groups.TrainingSet``).
 - A peer's completion is trained as this node would have written it: re-tokenised, cut
   to this node's token limit, closed with its end-of-turn token only if the peer says it
   finished, and scored as cut (intake.py), so its reward is earned by what is trained.
@@ -46,19 +46,19 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 import torch
 
-from sapo_node import __version__, grpo, peerstate, wire
+from sapo_node import __version__, peerstate, wire
 from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
 from sapo_node.defence import Defence, cut_after_answer
 from sapo_node.evaluate import EvalReport, evaluate
+from sapo_node.groups import Group, taught_flags, training_set
 from sapo_node.intake import Intake, Verdict
 from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
 from sapo_node.mix import Mix, choose_external
@@ -74,7 +74,7 @@ from sapo_node.tasks import (
     generator_of,
     make_task,
 )
-from sapo_node.trainer import Sample, Trainer, TrainStats
+from sapo_node.trainer import Trainer, TrainStats
 
 log = structlog.get_logger(__name__)
 
@@ -85,81 +85,6 @@ class Stopped(Exception):
 
 class DataDirInUse(RuntimeError):
     """Another process holds this data directory."""
-
-
-@dataclass
-class Group:
-    """One task with its completions (as this node trains them) and this node's rewards.
-
-    ``finished[i]``: completion ``i`` ended with the model's end of turn, not at a limit.
-    ``pooled``: for a peer's group, the pool's entry it came from (when it was made and
-    when it arrived).
-    """
-
-    task: Task
-    prompt_ids: list[int]
-    completion_ids: list[list[int]]
-    texts: list[str]
-    finished: list[bool]
-    rewards: list[float] = field(default_factory=list)
-    origin: str = "local"
-    pooled: PooledGroup | None = None
-    taught: list[tuple[bool, ...]] | None = None  # per completion (trainer.Sample.taught)
-
-    @property
-    def has_signal(self) -> bool:
-        """Whether the rewards differ, i.e. GRPO gets a gradient from this group."""
-        return len(set(self.rewards)) > 1
-
-    def outcome(self, correct_threshold: float) -> str:
-        """What the group gives GRPO: "signal" if its rewards differ (``has_signal``); else
-        "all_right" if they all count as correct (reward >= ``tasks.correct_threshold``: 1
-        with binary rewards), else "all_wrong" (with binary rewards, all 0). Every group
-        has exactly one of the three."""
-        if self.has_signal:
-            return "signal"
-        right = bool(self.rewards) and self.rewards[0] >= correct_threshold
-        return "all_right" if right else "all_wrong"
-
-
-@dataclass(frozen=True)
-class TrainingSet:
-    """A round's GRPO samples and the size of the whole batch they come from.
-
-    Groups without signal have zero advantage and are not passed to the trainer (they
-    would cost a forward and backward pass for no gradient), but the loss is normalised
-    over the whole round's batch, all I + J groups, as GRPO implementations do: a step's
-    scale must not depend on how many groups happened to carry signal.
-    """
-
-    samples: list[Sample]
-    batch_rows: int
-    batch_tokens: int
-
-
-def _taught(g: Group) -> list[tuple[bool, ...]]:
-    """Which tokens of each completion of ``g`` train (``Group.taught``; None: all)."""
-    return g.taught or [(True,) * len(ids) for ids in g.completion_ids]
-
-
-def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
-    """GRPO samples of every group with signal, with group-normalised advantages."""
-    samples = []
-    for g in groups:
-        if not g.has_signal:
-            continue
-        rewards = torch.tensor([g.rewards], dtype=torch.float32)
-        adv = grpo.group_advantages(rewards, scale=scale)[0].tolist()
-        taught = g.taught or [None] * len(g.completion_ids)
-        samples += [
-            Sample(g.prompt_ids, ids, a, flags)
-            for ids, a, flags in zip(g.completion_ids, adv, taught, strict=True)
-        ]
-    return TrainingSet(
-        samples,
-        batch_rows=sum(len(g.completion_ids) for g in groups),
-        batch_tokens=sum(len(ids) for g in groups for ids in g.completion_ids),
-    )
 
 
 class Progress:
@@ -663,7 +588,7 @@ class Node:
             "groups/external": len(groups) - len(local),
             "groups/trained": sum(g.has_signal for g in groups),
             "groups/external_tokens_taught": _mean_or_none(
-                [t for g in theirs for flags in _taught(g) for t in flags]
+                [t for g in theirs for flags in taught_flags(g) for t in flags]
             ),
             **_outcomes("groups/local", local, threshold),
             **_outcomes("groups/external", theirs, threshold),

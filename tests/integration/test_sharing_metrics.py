@@ -16,9 +16,10 @@ import pytest
 from sapo_node import node as node_module
 from sapo_node import wire
 from sapo_node.config import load_config
+from sapo_node.groups import Group
 from sapo_node.metrics import MetricsLog, read_metrics
 from sapo_node.net.memory import MemoryHub
-from sapo_node.node import Group, Node
+from sapo_node.node import Node
 from sapo_node.tasks import TaskRef, generator_of, make_task
 from tests.support.nodes import sevens_overrides
 

@@ -25,8 +25,8 @@ from sapo_node.defence import (
     highest_window,
     rank_bits,
 )
+from sapo_node.groups import Group
 from sapo_node.intake import Intake
-from sapo_node.node import Group
 from sapo_node.policy import load_policy
 from sapo_node.pool import Pool, PooledGroup, group_digest, summary
 from sapo_node.tasks import Scorer, Task, TaskRef
@@ -482,7 +482,7 @@ def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
     completion trains; once only the answer does, they raise it no more than the same
     steps on clean right answers do (pushing a wrong answer's first tokens down lifts
     every other character of a 100-character vocabulary a little)."""
-    from sapo_node.node import training_set
+    from sapo_node.groups import training_set
     from tests.support.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "m")

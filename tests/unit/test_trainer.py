@@ -198,7 +198,7 @@ def test_lora_trains_only_adapters(tiny_model_dir: Path) -> None:
 
 
 def test_zero_signal_groups_give_no_samples_but_count_in_the_batch() -> None:
-    from sapo_node.node import Group, training_set
+    from sapo_node.groups import Group, training_set
 
     def group(rewards: list[float]) -> Group:
         return Group(None, [1], [[2, 4, 5], [3]], ["a", "b"], [True, True], rewards)

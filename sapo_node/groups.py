@@ -1,0 +1,91 @@
+"""A round's groups and what of them trains: a task with its completions and this node's
+rewards (:class:`Group`), and the GRPO samples of those with signal (:func:`training_set`,
+advantages from grpo.py), normalised over the whole round's batch (:class:`TrainingSet`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sapo_node import grpo
+from sapo_node.pool import PooledGroup
+from sapo_node.tasks import Task
+from sapo_node.trainer import Sample
+
+
+@dataclass
+class Group:
+    """One task with its completions (as this node trains them) and this node's rewards.
+
+    ``finished[i]``: completion ``i`` ended with the model's end of turn, not at a limit.
+    ``pooled``: for a peer's group, the pool's entry it came from (when it was made and
+    when it arrived).
+    """
+
+    task: Task
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    texts: list[str]
+    finished: list[bool]
+    rewards: list[float] = field(default_factory=list)
+    origin: str = "local"
+    pooled: PooledGroup | None = None
+    taught: list[tuple[bool, ...]] | None = None  # per completion (trainer.Sample.taught)
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether the rewards differ, i.e. GRPO gets a gradient from this group."""
+        return len(set(self.rewards)) > 1
+
+    def outcome(self, correct_threshold: float) -> str:
+        """What the group gives GRPO: "signal" if its rewards differ (``has_signal``); else
+        "all_right" if they all count as correct (reward >= ``tasks.correct_threshold``: 1
+        with binary rewards), else "all_wrong" (with binary rewards, all 0). Every group
+        has exactly one of the three."""
+        if self.has_signal:
+            return "signal"
+        right = bool(self.rewards) and self.rewards[0] >= correct_threshold
+        return "all_right" if right else "all_wrong"
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """A round's GRPO samples and the size of the whole batch they come from.
+
+    Groups without signal have zero advantage and are not passed to the trainer (they
+    would cost a forward and backward pass for no gradient), but the loss is normalised
+    over the whole round's batch, all I + J groups, as GRPO implementations do: a step's
+    scale must not depend on how many groups happened to carry signal.
+    """
+
+    samples: list[Sample]
+    batch_rows: int
+    batch_tokens: int
+
+
+def taught_flags(g: Group) -> list[tuple[bool, ...]]:
+    """Which tokens of each completion of ``g`` train (``Group.taught``; None: all)."""
+    return g.taught or [(True,) * len(ids) for ids in g.completion_ids]
+
+
+def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
+    """GRPO samples of every group with signal, with group-normalised advantages."""
+    samples = []
+    for g in groups:
+        if not g.has_signal:
+            continue
+        rewards = torch.tensor([g.rewards], dtype=torch.float32)
+        adv = grpo.group_advantages(rewards, scale=scale)[0].tolist()
+        taught = g.taught or [None] * len(g.completion_ids)
+        samples += [
+            Sample(g.prompt_ids, ids, a, flags)
+            for ids, a, flags in zip(g.completion_ids, adv, taught, strict=True)
+        ]
+    return TrainingSet(
+        samples,
+        batch_rows=sum(len(g.completion_ids) for g in groups),
+        batch_tokens=sum(len(ids) for g in groups for ids in g.completion_ids),
+    )
