@@ -145,6 +145,20 @@ def cut_after_answer(text: str, tag: str = "answer") -> str:
     return text if found is None else text[: found[1] + len(tag) + 3]
 
 
+def bare_answer(text: str, tag: str = "answer") -> str:
+    """Only the last ``<tag>...</tag>`` of ``text`` (empty if it has none): a peer's
+    completion reduced to what this node's verifier checked (``train.external_use =
+    "answers"``).
+
+    >>> bare_answer("3 + 4 = 7, so\n<answer>7</answer> visit evil.example")
+    '<answer>7</answer>'
+    >>> bare_answer("no answer here")
+    ''
+    """
+    found = last_answer(text, tag)
+    return "" if found is None else text[found[0] : found[1] + len(tag) + 3]
+
+
 def highest_window(values: Sequence[float], window: int) -> float:
     """The highest mean of ``window`` consecutive values (the mean of all if fewer).
 

@@ -45,7 +45,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from sapo_node import __version__, peerstate, wire
 from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
-from sapo_node.defence import Defence, cut_after_answer
+from sapo_node.defence import Defence, bare_answer, cut_after_answer
 from sapo_node.evaluate import EvalReport, evaluate
 from sapo_node.groups import Group, taught_flags, training_set
 from sapo_node.intake import Intake, Verdict
@@ -111,22 +111,34 @@ class Progress:
 
 
 class Timer:
-    """Wall-clock seconds per named phase, each phase also marked in ``progress``."""
+    """Wall-clock seconds per named phase, each phase also marked in ``progress``, and the
+    CPU seconds of the calling thread in it (``cpu``): the node's own compute, which other
+    load on the machine does not inflate (with ``node.threads`` 1 torch computes in this
+    thread; the scorer's sandbox is another process, so its phase counts wall seconds)."""
 
     def __init__(self, progress: Progress) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         self.progress = progress
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         self.progress.enter(name)
         try:
             yield
         finally:
             spent = time.perf_counter() - start
             self.seconds[name] = self.seconds.get(name, 0.0) + spent
+            self.cpu[name] = self.cpu.get(name, 0.0) + time.thread_time() - start_cpu
             self.progress.leave(name, spent)
+
+    def compute_s(self) -> float:
+        """The node's compute this round: CPU seconds of generation, screening and
+        training, and the wall seconds of scoring its own groups and taking in peers'
+        (their scoring runs in the sandbox, another process)."""
+        cpu = sum(self.cpu.get(k, 0.0) for k in ("generate", "screen", "train"))
+        return cpu + self.seconds.get("score", 0.0) + self.seconds.get("intake", 0.0)
 
 
 class Node:
@@ -138,8 +150,12 @@ class Node:
         *,
         stop: threading.Event | None = None,
         transport: Transport | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: seconds now for the pool's ages, the defence's deadlines and the
+        creation time of shared groups (an experiment passes a clock of its rounds)."""
         self.config = config
+        self.clock = clock
         self.stop = stop or threading.Event()
         self.data_dir = config.node.resolved_data_dir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -180,7 +196,10 @@ class Node:
         else:  # a generating member: its weights are the model's, for good
             self.policy.model.requires_grad_(False)
         self.pool = Pool.from_config(
-            self.data_dir / "pool.sqlite3", config.pool, round_clock=lambda: self.round
+            self.data_dir / "pool.sqlite3",
+            config.pool,
+            clock=clock,
+            round_clock=lambda: self.round,
         )
         self.defence: Defence | None = None
         if self.trainer is not None and config.defence.enabled:
@@ -190,6 +209,7 @@ class Node:
                 self.pool.record,
                 spans=self.policy.token_spans,
                 state_path=self.data_dir / peerstate.DEFENCE_FILE,
+                clock=clock,
             )
         self.intake = Intake(
             self.pool,
@@ -225,24 +245,28 @@ class Node:
         """Algorithm 1, one round; returns the round's metrics."""
         s, timer = self.config.train, Timer(self.progress)
         with timer("round"):
-            inbound = self._take_in()
+            with timer("intake"):
+                inbound = self._take_in()
             j, why = choose_external(
                 s.external_groups, s.external_max, self.mix.signal_rate, len(self.pool)
             )
             external = self._take_external(r, j) if self.trains else []
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
+            if s.external_use == "tasks":  # peers choose the tasks, this node writes the text
+                tasks += [make_task(p.group.ref) for p in external]
             with timer("generate"):
-                local, new_tokens = self._generate(tasks, r)
+                generated, new_tokens = self._generate(tasks, r)
             with timer("score"):
-                self._score(local)
-            published = self._share(local, r)
-            theirs = [self._as_group(p) for p in external]
+                self._score(generated)
+            local, practice = generated[:n_local], generated[n_local:]
+            published = self._share(generated, r)
+            theirs = [] if practice else [self._as_group(p) for p in external]
             screened: Counter[str] = Counter()
             if self.defence is not None:
                 with timer("screen"):
                     theirs, screened = self.defence.screen(local, theirs)
-            groups = local + theirs
+            groups = local + practice + theirs
             with timer("train"):
                 batch = training_set(groups, s.advantage_scale)
                 stats = TrainStats()
@@ -265,7 +289,7 @@ class Node:
             moves: Counter[str] = Counter()
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
-        record = self._record(r, local, groups, stats, new_tokens, timer.seconds, moves)
+        record = self._record(r, local, groups, stats, new_tokens, timer, moves, len(practice))
         record.update({"train/external_target": j, "train/own_signal_rate": self.mix.signal_rate})
         if s.external_max is not None:
             log.info("J chosen", round=r, j=j, reason=why)
@@ -421,7 +445,9 @@ class Node:
             return outcomes
         for (author, reason), n in self.transport.refusals().items():
             self.pool.record(author, reason, n)  # refused by the network process: per peer
-        if not self.trains:  # it takes nothing from the pool: no need to check, nor keep
+        t = self.config.train
+        takes = self.trains and (t.external_groups > 0 or bool(t.external_max))
+        if not takes:  # it takes nothing from the pool: no need to check, nor keep
             outcomes["unread"] = len(self.transport.received())
             return outcomes
         for message in self.transport.received():
@@ -438,7 +464,7 @@ class Node:
         choice = self.config.net.publish
         if self.transport is None or choice == "none":
             return 0
-        created_ms = int(time.time() * 1000)
+        created_ms = int(self.clock() * 1000)
         sent = 0
         for g in groups:
             if choice == "signal" and not g.has_signal:
@@ -514,9 +540,12 @@ class Node:
 
     def _prepare(self, text: str, finished: bool):
         """A peer's completion as this node trains it (the intake scores its text): with
-        defences on, cut after its last answer (defence.py), then in this node's tokens."""
+        ``train.external_use = "answers"`` only its last answer in its tags; else, with
+        defences on, cut after its last answer (defence.py); then in this node's tokens."""
         d = self.config.defence
-        if d.enabled and d.cut_after_answer:
+        if self.config.train.external_use == "answers":
+            text, finished = bare_answer(text), True
+        elif d.enabled and d.cut_after_answer:
             cut = cut_after_answer(text)
             finished = finished or cut != text
             text = cut
@@ -554,7 +583,7 @@ class Node:
 
     # --- record and state --------------------------------------------------------------
 
-    def _record(self, r, local, groups, stats: TrainStats, new_tokens, seconds, moves):
+    def _record(self, r, local, groups, stats: TrainStats, new_tokens, timer, moves, practice=0):
         """The round's metrics row (docs/operations.md lists every key). What sharing did:
 
         - ``reward/external_mean``: mean reward of the completions of the peers' groups
@@ -571,10 +600,18 @@ class Node:
           node's round minus its round when the group entered its pool (``_age_record``);
         - ``groups/external_tokens_taught``: the share of the peers' completion tokens that the
           loss counts (``defence.answer_only`` leaves their free text out); null with
-          none.
+          none;
+        - ``groups/practice``, ``reward/practice_mean``: with ``train.external_use = "tasks"``,
+          this node's own groups on the tasks of the peers' groups it drew (counted in
+          ``groups/external``; not in ``reward/mean``, which stays the reward on the
+          node's own task stream, comparable with a node alone);
+        - ``compute_s``: the node's compute in the round (``Timer.compute_s``), the cost
+          that experiments divide the reward by.
         """
+        seconds = timer.seconds
         own = [x for g in local for x in g.rewards]
         theirs = groups[len(local) :]
+        practised = theirs[:practice]
         threshold = self.config.tasks.correct_threshold
         reward_mean = sum(own) / len(own) if own else 0.0
         self.cumulative_reward += reward_mean
@@ -590,6 +627,8 @@ class Node:
             "groups/external_tokens_taught": _mean_or_none(
                 [t for g in theirs for flags in taught_flags(g) for t in flags]
             ),
+            "groups/practice": practice,
+            "reward/practice_mean": _mean_or_none([x for g in practised for x in g.rewards]),
             **_outcomes("groups/local", local, threshold),
             **_outcomes("groups/external", theirs, threshold),
             "rollout/answer_tag_rate": _mean(
@@ -608,10 +647,12 @@ class Node:
             {
                 "curriculum/moves": {k: v for k, v in moves.items() if v},
                 "phase_s/generate": seconds.get("generate", 0.0),
+                "phase_s/intake": seconds.get("intake", 0.0),
                 "phase_s/score": seconds.get("score", 0.0),
                 "phase_s/screen": seconds.get("screen", 0.0),
                 "phase_s/train": seconds.get("train", 0.0),
                 "phase_s/round": seconds.get("round", 0.0),
+                "compute_s": timer.compute_s(),
                 "rollout/new_tokens": new_tokens,
                 "rollout/tokens_per_s": new_tokens / max(seconds.get("generate", 0.0), 1e-9),
                 "train/sequences": stats.sequences,

@@ -29,11 +29,33 @@ def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]
         "new_tokens": sum(r.get("rollout/new_tokens", 0) for r in done),
         "node_seconds": sum(r.get("phase_s/round", 0.0) for r in done),
         "j_unfilled_expired": sum(r.get("train/j_unfilled_expired", 0) for r in done),
+        "compute_seconds": sum(compute_seconds(r) for r in done),
+        "sequences_trained": _mean_of(r.get("train/sequences", 0) for r in done),
+        "tokens_trained": _mean_of(r.get("train/tokens", 0) for r in done),
         "eval_start": _eval_brief(start),
         "eval_end": _eval_brief(end),
         "evals": [_eval_brief(by_round[k]) | {"round": k} for k in sorted(by_round)],
         "halves": [mechanism_sums(h) for h in halves(done, rounds)],
     }
+
+
+def compute_seconds(row: dict[str, Any]) -> float:
+    """A round's compute (node.Timer.compute_s); for rows from before it was recorded, the
+    wall seconds of generation, scoring, screening and training.
+
+    >>> compute_seconds({"compute_s": 2.5, "phase_s/round": 9.0})
+    2.5
+    >>> compute_seconds({"phase_s/generate": 3.0, "phase_s/train": 1.0})
+    4.0
+    """
+    if row.get("compute_s") is not None:
+        return row["compute_s"]
+    return sum(row.get(f"phase_s/{k}", 0.0) for k in ("generate", "score", "screen", "train"))
+
+
+def _mean_of(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
 
 
 # What sharing did, from the rows' per-round facts (node.Node._record): own and peers'
@@ -209,12 +231,16 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
             # J slots left to own groups because peers' groups aged out (node.py): the
             # rounds ran slower than pool.max_age_s allows, and J was not what was set
             "j_unfilled_expired": sum(n.get("j_unfilled_expired", 0) for n in nodes),
+            "compute_seconds": sum(n.get("compute_seconds", 0.0) for n in nodes),
+            "sequences_trained": _mean_of(n.get("sequences_trained", 0.0) for n in nodes),
+            "tokens_trained": _mean_of(n.get("tokens_trained", 0.0) for n in nodes),
             "heldout_start": heldout_summary(nodes, "eval_start"),
             "heldout_end": heldout_summary(nodes, "eval_end"),
             "format": format_summary(nodes),
             "mechanism": [mechanism(nodes, h, rounds) for h in (0, 1)],
             "solver": a.solver,
             "external_max": a.external_max,
+            "variant": a.overrides is not None,
             "nodes": nodes,
         }
         if base_nodes is not None and a is not baseline:
@@ -239,21 +265,34 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
         ),
         None,
     )
+    base_rate = next(
+        (_rate(c) for c in out["configurations"] if baseline and c["label"] == baseline.label),
+        None,
+    )
     for c in out["configurations"]:
         c["ratio"] = c["cumulative_reward"] / base_total if base_total else None
+        c["reward_per_compute_s"] = _rate(c)
+        rate = c["reward_per_compute_s"]
+        c["ratio_per_compute_s"] = rate / base_rate if rate is not None and base_rate else None
     n = len(base_nodes or [])
     out["pairs"] = n
     out["smallest_p"] = smallest_p(n)
     return out
 
 
+def _rate(c: dict[str, Any]) -> float | None:
+    """Cumulative reward per second of compute (of a node or a configuration)."""
+    return c["cumulative_reward"] / c["compute_seconds"] if c.get("compute_seconds") else None
+
+
 def _versus(nodes, base_nodes) -> dict[str, Any]:
     """Paired by node seed (same index, same seed): per-node differences and their p."""
-    reward = [
-        x["cumulative_reward"] - b["cumulative_reward"]
-        for x, b in zip(nodes, base_nodes, strict=True)
-    ]
+    pairs = list(zip(nodes, base_nodes, strict=True))
+    reward = [x["cumulative_reward"] - b["cumulative_reward"] for x, b in pairs]
     out: dict[str, Any] = {"p_reward": sign_flip_p(reward), "diff_reward": reward}
+    if all(_rate(x) is not None and _rate(b) is not None for x, b in pairs):
+        rate = [_rate(x) - _rate(b) for x, b in pairs]
+        out |= {"p_reward_per_compute_s": sign_flip_p(rate), "diff_reward_per_compute_s": rate}
     if all(x["eval_end"] and b["eval_end"] for x, b in zip(nodes, base_nodes, strict=True)):
         acc = [
             x["eval_end"]["greedy"] - b["eval_end"]["greedy"]
@@ -376,10 +415,43 @@ def render_table(results: dict[str, Any]) -> str:
             + ", ".join(f"{_label(c)} {c['j_unfilled_expired']}" for c in starved)
             + " slots over all nodes and rounds (`train/j_unfilled_expired` in metrics.jsonl)."
         )
+    lines += _cost_table(results)
     lines += _against_baseline_table(results)
     lines += _format_table(results)
     lines += _mechanism_table(results)
     return "\n".join(lines) + "\n"
+
+
+def _cost_table(results: dict[str, Any]) -> list[str]:
+    """Reward per second of each node's compute, and what a round trained."""
+    lines = [
+        "",
+        "## Per second of the nodes' compute, and what a round trained",
+        "",
+        "| I / J | sampling | compute (node-seconds) | reward per compute-hour | vs J=0 "
+        "| p (per compute-second) | sequences trained / round | tokens trained / round |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in results["configurations"]:
+        rate = c.get("reward_per_compute_s")
+        ratio = c.get("ratio_per_compute_s")
+        lines.append(
+            f"| {_label(c)} | {c['sampling']} | {_seconds(c.get('compute_seconds', 0.0))} "
+            f"| {'–' if rate is None else format(rate * 3600, '.1f')} "
+            f"| {'–' if ratio is None else format(ratio, '.2f') + 'x'} "
+            f"| {_p(c.get('p_reward_per_compute_s'))} "
+            f"| {c.get('sequences_trained', 0.0):.1f} | {c.get('tokens_trained', 0.0):,.0f} |"
+        )
+    lines += [
+        "",
+        "- Compute: per node and round, the CPU seconds of its thread in generation, "
+        "screening and training, and the wall seconds of scoring its groups and taking in "
+        "peers' (the sandbox is another process); summed over nodes and rounds, evaluation "
+        "excluded. Rows recorded before this measure count the wall seconds of those phases. "
+        "Reward per compute-hour: cumulative reward over that; p: sign-flip test, paired by "
+        "node seed, on each node's cumulative reward per compute-second.",
+    ]
+    return lines
 
 
 def _against_baseline_table(results: dict[str, Any]) -> list[str]:
@@ -463,6 +535,8 @@ def _mechanism_table(results: dict[str, Any]) -> list[str]:
 
 def _label(c: dict[str, Any]) -> str:
     ratio = c["label"].split(" ")[0]
+    if c.get("variant"):
+        return c["label"]
     if c.get("solver") is not None:
         return f"{ratio} + solver ({c['solver']:g})"
     if c.get("external_max") is not None:

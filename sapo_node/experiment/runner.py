@@ -110,6 +110,24 @@ class Deferred:
         self.inner.close()
 
 
+class RoundClock:
+    """The nodes' clock in an experiment: ``EPOCH`` plus ``round_s`` seconds a round.
+
+    Pool ages, the defence's deadlines and shared groups' creation times then follow the
+    lockstep rounds, so a slow or loaded machine cannot expire a peer's group that a fast
+    one would have trained on: a group made in round r is ``k * round_s`` seconds old in
+    round r + k, on any machine, and a resume sees the same times again."""
+
+    EPOCH = 1.8e9  # 2027-01-15 UTC: any fixed instant; only differences matter
+
+    def __init__(self, round_s: float) -> None:
+        self.round_s = round_s
+        self.round = 0
+
+    def now(self) -> float:
+        return self.EPOCH + self.round * self.round_s
+
+
 def run_arm(
     spec: ExperimentSpec,
     a: Arm,
@@ -191,6 +209,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
     e = spec.experiment
     rounds, every = e.rounds, e.checkpoint_every
     hub = MemoryHub()
+    clock = RoundClock(e.round_s)
     nodes: list[Node] = []
     evals: list[EvalLog] = []
     solver: SolverMember | None = None
@@ -210,7 +229,12 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             data_dir.mkdir(parents=True, exist_ok=True)
             _share_model_cache(out, data_dir)
             with _locked(out / ".models.lock"):  # one de-quantises, the others reuse it
-                node = Node(config, stop=stop, transport=Deferred(hub.join(f"node-{i}")))
+                node = Node(
+                    config,
+                    stop=stop,
+                    transport=Deferred(hub.join(f"node-{i}")),
+                    clock=clock.now,
+                )
             nodes.append(node)
             node.resume()
             node.transport.unpark(data_dir / PARKED)
@@ -221,7 +245,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             for node in nodes:
                 if node.round != r or stop.is_set():
                     continue
-                node.transport.round = r
+                node.transport.round = clock.round = r
                 try:
                     record = node.run_round(r)
                 except Stopped:

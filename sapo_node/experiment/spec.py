@@ -19,6 +19,16 @@ SOLVER_INDEX = 10**6  # the solver member of replicate k has the seed of node SO
 Sampling = Literal["paper", "uniform", "balanced", "teaching"]
 
 
+class Variant(BaseModel):
+    """One of [experiment.variants]: a configuration at ``ratio`` whose nodes get ``set``
+    over the base config (as in a node's TOML)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ratio: str = Field("2/2", description="Its I/J.")
+    set: dict[str, Any] = Field(default_factory=dict, description="Node config overrides.")
+
+
 class ExperimentSection(BaseModel):
     """The [experiment] table."""
 
@@ -48,6 +58,18 @@ class ExperimentSection(BaseModel):
     )
     solver_ratio: str = Field("2/2", description="The I/J of the solver configurations.")
     solver_groups: int = Field(4, ge=1, le=64, description="Groups the solver shares a round.")
+    variants: dict[str, Variant] = Field(
+        default_factory=dict,
+        description="Named configurations at a ratio with node config overrides of their "
+        "own (label -> {ratio, set}), e.g. a sharing mechanism to screen.",
+    )
+    round_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=86400.0,
+        description="Seconds the nodes' clock advances a round: pool ages, distrust and "
+        "message times follow the rounds, not the machine's speed.",
+    )
     seed: int = Field(1000, ge=0, lt=2**40, description="Base of the node seeds.")
     replicates: int = Field(1, ge=1, le=64, description="Independent swarms per configuration.")
     threads: int = Field(1, ge=0, le=1024, description="torch threads (0: torch's default).")
@@ -66,6 +88,12 @@ class ExperimentSection(BaseModel):
             ):
                 raise ValueError(
                     f"adaptive bounds must be distinct, in [1, I + J]: {self.adaptive}"
+                )
+        for label, v in self.variants.items():
+            ratios.append(parse_ratio(v.ratio))
+            if not label.startswith(f"{v.ratio} ") or not label[len(v.ratio) :].strip():
+                raise ValueError(
+                    f"variant {label!r}: name it by its ratio and a word, e.g. '{v.ratio} answers'"
                 )
         if self.solver:
             ratios.append(parse_ratio(self.solver_ratio))
@@ -128,11 +156,18 @@ class Arm:
     sampling: str | None  # None: the base config's pool.sampling
     solver: float | None = None  # the accuracy of the swarm's solver member, if it has one
     external_max: int | None = None  # adaptive J up to this (train.external_max)
+    overrides: str | None = None  # a variant's node config overrides, as JSON
 
     @property
     def plain(self) -> bool:
-        """Its I/J with the base config: no other sampling, no adaptive J, no solver."""
-        return self.sampling is None and self.solver is None and self.external_max is None
+        """Its I/J with the base config: no other sampling, no adaptive J, no solver, no
+        overrides."""
+        return (
+            self.sampling is None
+            and self.solver is None
+            and self.external_max is None
+            and self.overrides is None
+        )
 
     @property
     def ratio(self) -> str:
@@ -141,6 +176,9 @@ class Arm:
     @property
     def dirname(self) -> str:
         name = f"{self.local}-{self.external}"
+        if self.overrides is not None:
+            rest = self.label.replace(self.ratio, "", 1).strip()
+            return f"{name}-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in rest)
         if self.solver is not None:
             return f"{name}-solver-{self.solver:g}"
         if self.external_max is not None:
@@ -161,6 +199,10 @@ def arms(spec: ExperimentSpec) -> list[Arm]:
     out += [
         Arm(f"{e.solver_ratio} solver {p:g}", *parse_ratio(e.solver_ratio), None, p)
         for p in e.solver
+    ]
+    out += [
+        Arm(label, *parse_ratio(v.ratio), None, overrides=json.dumps(v.set, sort_keys=True))
+        for label, v in e.variants.items()
     ]
     return out
 
@@ -200,8 +242,9 @@ def node_config(spec: ExperimentSpec, a: Arm, index: int, out: Path) -> Config:
     }
     if a.sampling:
         forced["pool"] = {"sampling": a.sampling}
+    base = spec.base if a.overrides is None else _deep_merge(spec.base, json.loads(a.overrides))
     try:
-        return Config.model_validate(_deep_merge(spec.base, forced))
+        return Config.model_validate(_deep_merge(base, forced))
     except ValidationError as exc:
         raise ConfigError(f"experiment [base]: {_describe(exc)}") from None
 

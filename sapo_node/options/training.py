@@ -311,6 +311,16 @@ class TrainSection(_Section):
         "the swarm (sapo_node/mix.py). A node alone takes none, as with J = 0. Measured: no "
         "gain over a fixed J (docs/results/teaching-cpu/).",
     )
+    external_use: Literal["text", "answers", "tasks"] = Field(
+        "text",
+        description="What a node learns from the J peers' groups it draws. text: their "
+        "completions, as the defence screens them (with defence.answer_only, only each "
+        "answer and its tags teach, the peer's text before it staying in the context). "
+        "answers: each completion reduced to its verified answer between the tags, no "
+        "peer's free text left even as context. tasks: none of their text; this node "
+        "generates its own completions for the peers' tasks (tasks at the edge of what the "
+        "swarm can do), so it trains only text it wrote (docs/experiment.md).",
+    )
     optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
     optimizer_state: Literal["bfloat16", "float32"] = Field(
         "bfloat16",
