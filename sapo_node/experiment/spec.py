@@ -127,7 +127,8 @@ class ExperimentSpec(BaseModel):
 
     @model_validator(mode="after")
     def _base(self) -> ExperimentSpec:
-        node_config(self, arm(self, self.experiment.grid[0]), 0, Path("."))  # validates base
+        for a in arms(self):  # validates base and each variant's overrides
+            node_config(self, a, 0, Path("."))
         return self
 
 

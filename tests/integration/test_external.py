@@ -386,3 +386,92 @@ def test_every_peer_group_is_accounted_for_by_outcome(receiver: Node) -> None:
         outcomes
     )
     assert not any(k.startswith("peer_groups/") for k in receiver.run_round(1))  # nothing new
+
+
+def _use(model_dir: Path, data_dir: Path, use: str) -> Node:
+    overrides = sevens_overrides(
+        model_dir,
+        data_dir,
+        node={"seed": 2},
+        generation={"max_new_tokens": 24, "completions_per_task": 4},
+        train={"lr": 1e-3, "local_groups": 2, "external_groups": 2, "external_use": use},
+        defence={"max_author_share": 1.0},
+    )
+    return Node(load_config(overrides=overrides, environ={}), transport=MemoryHub().join("me"))
+
+
+def test_with_external_use_tasks_a_node_trains_only_its_own_text_on_peers_tasks(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    node = _use(tiny_model_dir, tmp_path, "tasks")
+    try:
+        peer_texts = ("777777", "abcdef", "7a7a7a", "xyzxyz")
+        shared = _shared(30, peer_texts)
+        assert _send(node, shared) == "accepted"
+        import sapo_node.node as node_module
+
+        trained: list = []
+        build = node_module.training_set
+        monkeypatch.setattr(
+            node_module, "training_set", lambda gs, scale: trained.extend(gs) or build(gs, scale)
+        )
+        published: list[bytes] = []
+        monkeypatch.setattr(node.transport, "publish", lambda data: published.append(data) or True)
+        record = node.run_round(0)
+        assert record["groups/practice"] == 1 and record["groups/local"] == 3  # J short: own fill
+        assert record["reward/practice_mean"] is not None
+        # its own completions on the peer's task were generated, scored and shared ...
+        groups = [wire.decode(d) for d in published]
+        assert [g.ref for g in groups].count(shared.ref) == 1
+        mine = next(g for g in groups if g.ref == shared.ref)
+        assert mine.completions != peer_texts
+        # ... and the round's training set holds the task with those completions: no
+        # peer's text reached the trainer, not even as context
+        assert len(trained) == 4
+        practised = [g for g in trained if g.task.ref == shared.ref]
+        assert len(practised) == 1 and practised[0].origin == "local"
+        assert tuple(practised[0].texts) == mine.completions
+        assert not any(t in peer_texts for g in trained for t in g.texts)
+    finally:
+        node.close()
+
+
+def test_with_external_use_answers_only_a_peers_verified_answer_is_left(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    node = _use(tiny_model_dir, tmp_path, "answers")
+    try:
+        texts = ("so 7<answer>7</answer> 77", "<answer>a</answer>", "no tags 7", "ab")
+        verdict = node.receive(wire.encode(_shared(31, texts)), "peer-a")
+        assert verdict.outcome == "accepted"
+        group = node._as_group(verdict.item)
+        assert group.texts == ["<answer>7</answer>", "<answer>a</answer>", "", ""]
+        assert group.finished == [True] * 4  # each ends with the end of turn
+        # scored as it trains: one seven in the first text, none in the others
+        assert verdict.item.rewards[0] == pytest.approx(1 / len("<answer>7</answer>"))
+        assert verdict.item.rewards[1:] == (0.0, 0.0, 0.0)
+    finally:
+        node.close()
+
+
+def test_a_node_that_takes_nothing_from_peers_does_not_check_their_messages(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    overrides = sevens_overrides(
+        tiny_model_dir,
+        tmp_path,
+        generation={"max_new_tokens": 6, "completions_per_task": 4},
+        train={"local_groups": 4, "external_groups": 0},
+    )
+    hub = MemoryHub()
+    peer = hub.join("peer")
+    node = Node(load_config(overrides=overrides, environ={}), transport=hub.join("me"))
+    try:
+        peer.publish(wire.encode(_shared(32, ("777", "abc", "7a7", "xyz"))))
+        record = node.run_round(0)
+        assert record["net/received"] == 1 and record["net/accepted"] == 0
+        assert len(node.pool) == 0  # J = 0: nothing is scored, nothing pooled
+        assert record["compute_s"] > 0
+    finally:
+        node.close()
+        peer.close()

@@ -270,3 +270,84 @@ def test_lockstep_barrier_holds_parks_and_restores(tmp_path) -> None:
     assert [m.data for m in again.received()] == [b"in"]
     again.flush(1)
     assert again.inner.sent == [b"c"]
+
+
+def test_reward_per_compute_second_is_paired_by_node_seed() -> None:
+    spec = ExperimentSpec.model_validate(
+        {"experiment": {"nodes": 4, "rounds": 2, "grid": ["2/0", "1/1"]}}
+    )
+
+    def node(rewards: list[float], compute: float, sequences: int) -> dict:
+        rows = [
+            {"round": r, "reward/mean": x, "compute_s": compute, "train/sequences": sequences}
+            for r, x in enumerate(rewards)
+        ]
+        evals = [_eval(0, [0, 0], [0.0, 0.0]), _eval(2, [0, 1], [0.5, 0.5])]
+        return node_summary(rows, evals, 2)
+
+    base = [node([0.1, 0.1], 1.0, 8) for _ in range(4)]
+    # twice the reward per round at four times the compute: half the reward per second
+    shared = [node([0.2, 0.2], 4.0, 24) for _ in range(4)]
+    b, s = analyse(spec, {"2/0": base, "1/1": shared})["configurations"]
+    assert s["ratio"] == pytest.approx(2.0)
+    assert b["compute_seconds"] == 8.0 and s["compute_seconds"] == 32.0
+    assert s["reward_per_compute_s"] == pytest.approx(0.05)
+    assert s["ratio_per_compute_s"] == pytest.approx(0.5)
+    assert s["p_reward_per_compute_s"] == 0.125  # every pair worse per second
+    assert s["sequences_trained"] == 24.0 and b["sequences_trained"] == 8.0
+    table = render_table({"configurations": [b, s], "rounds": 2, "pairs": 4, "smallest_p": 0.125})
+    assert "| 1/1 | paper | 32.0 | 180.0 | 0.50x | 0.125 | 24.0 | 0 |" in table
+
+
+def test_rows_without_compute_count_the_wall_seconds_of_the_node_phases() -> None:
+    rows = [
+        {
+            "round": 0,
+            "reward/mean": 0.5,
+            "phase_s/generate": 2.0,
+            "phase_s/train": 1.0,
+            "phase_s/round": 9.0,
+        }
+    ]
+    assert node_summary(rows, [], 1)["compute_seconds"] == 3.0
+
+
+def test_variants_are_configurations_with_their_own_overrides(tmp_path) -> None:
+    from sapo_node.experiment.spec import arm, node_config
+
+    spec = ExperimentSpec.model_validate(
+        {
+            "experiment": {
+                "grid": ["4/0", "2/2"],
+                "variants": {
+                    "2/2 tasks": {"ratio": "2/2", "set": {"train": {"external_use": "tasks"}}}
+                },
+            }
+        }
+    )
+    a = arm(spec, "2/2 tasks")
+    assert (a.local, a.external, a.dirname, a.plain) == (2, 2, "2-2-tasks", False)
+    assert node_config(spec, a, 0, tmp_path).train.external_use == "tasks"
+    assert node_config(spec, arm(spec, "2/2"), 0, tmp_path).train.external_use == "text"
+    with pytest.raises(ValueError, match="name it by its ratio"):
+        ExperimentSpec.model_validate(
+            {"experiment": {"grid": ["4/0"], "variants": {"tasks": {"ratio": "2/2"}}}}
+        )
+    with pytest.raises(ValueError, match="external_use"):
+        ExperimentSpec.model_validate(
+            {
+                "experiment": {
+                    "grid": ["4/0"],
+                    "variants": {"2/2 x": {"set": {"train": {"external_use": "magic"}}}},
+                }
+            }
+        )
+
+
+def test_the_round_clock_follows_rounds_not_the_machine() -> None:
+    from sapo_node.experiment.runner import RoundClock
+
+    clock = RoundClock(30.0)
+    start = clock.now()
+    clock.round = 11
+    assert clock.now() - start == 330.0  # past a 300 s pool age: 11 rounds, on any machine
