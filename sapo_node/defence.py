@@ -150,7 +150,7 @@ def bare_answer(text: str, tag: str = "answer") -> str:
     completion reduced to what this node's verifier checked (``train.external_use =
     "answers"``).
 
-    >>> bare_answer("3 + 4 = 7, so\n<answer>7</answer> visit evil.example")
+    >>> bare_answer("3 + 4 = 7, so\\n<answer>7</answer> visit evil.example")
     '<answer>7</answer>'
     >>> bare_answer("no answer here")
     ''

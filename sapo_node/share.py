@@ -109,9 +109,18 @@ class Checker:
     network process paces publishing at the rate receivers allow).
     """
 
-    def __init__(self, config: Config, author: str, scorer: Scorer | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        author: str,
+        scorer: Scorer | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``clock``: seconds now, for the messages' creation time and the checks' ages
+        (an experiment's members pass the clock of its rounds)."""
         self.config = config
         self.author = author
+        self.clock = clock
         self._own_scorer = scorer is None
         sc = config.scoring
         self.scorer = scorer or Scorer(
@@ -130,6 +139,7 @@ class Checker:
             rate_per_author=1e6,
             burst_per_author=10**6,
             max_age_s=p.max_age_s,
+            clock=clock,
         )
         curriculum = Curriculum(config.tasks.families, config.curriculum)
         self.intake = Intake(
@@ -214,7 +224,7 @@ class Checker:
             unfinished=frozenset(i for i, f in enumerate(finished) if not f),
             model=model,
             round=0,
-            created_ms=int(time.time() * 1000),
+            created_ms=int(self.clock() * 1000),
         )
 
     def close(self) -> None:

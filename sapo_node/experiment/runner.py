@@ -170,14 +170,14 @@ class SolverMember:
     ``sapo-node share`` checks it (share.py) and sent as the bytes that were checked.
     Stateless but for its seed: round r's groups are the same however often it resumes."""
 
-    def __init__(self, config: Config, seed: int, accuracy: float, groups: int, transport):
+    def __init__(self, config: Config, seed: int, accuracy: float, groups: int, transport, clock):
         from sapo_node.curriculum import Curriculum
         from sapo_node.share import Checker
 
         self.config, self.seed, self.accuracy, self.groups = config, seed, accuracy, groups
         self.curriculum = Curriculum(config.tasks.families, config.curriculum)
         self.transport = transport
-        self.checker = Checker(config, transport.peer_id)
+        self.checker = Checker(config, transport.peer_id, clock=clock)
         self.label = f"solver-{accuracy:g}"
 
     def run_round(self, r: int) -> int:
@@ -222,6 +222,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 a.solver,
                 e.solver_groups,
                 Deferred(hub.join(f"solver-{replicate}")),
+                clock.now,
             )
         for i in indices:
             config = node_config(spec, a, i, out)
@@ -264,6 +265,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             if stop.is_set():
                 return False
             if solver is not None:
+                clock.round = r
                 solver.run_round(r)
                 solver.transport.flush(r)
             for node in nodes:
