@@ -5,6 +5,7 @@ the report (results.json, results.md, the curves)."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -206,3 +207,61 @@ def test_a_solver_member_shares_checked_groups_that_the_nodes_train_on(
     table = (out / "results.md").read_text()
     assert "| 2/2 + solver (0.5) |" in table and "Answer format" in table
     assert (out / "answer_format.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # about a minute and a half on 2 loaded cores: beyond make test's budget
+def test_the_gpu_experiment_script_runs_its_spec_on_the_cpu_with_a_tiny_model(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """scripts/gpu_experiment.sh with configs/experiments/sharing-gpu.toml as a lent GPU
+    would run them, shrunk: a tiny model on the CPU, 2 nodes, 1 round, one of its
+    configurations on its real task families (the spec's load checks every one)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "configs/experiments/sharing-gpu.toml").read_text()
+    for old, new in [
+        ("nodes = 4", "nodes = 2"),
+        ("rounds = 60", "rounds = 1"),
+        ("threads = 0", "threads = 1"),
+        ("tasks = 128", "tasks = 1"),
+        ("samples = 4", "samples = 1"),
+        ("every = 20", "every = 0"),
+        ('name = "embedded"', f'name = "{tiny_model_dir}"'),
+        ('device = "cuda"', 'device = "cpu"'),
+        ("completions_per_task = 8", "completions_per_task = 2"),
+        ("max_new_tokens = 64", "max_new_tokens = 6"),
+    ]:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    spec_file = tmp_path / "sharing-gpu.toml"
+    spec_file.write_text(text)
+    assert [a.label for a in arms(load_spec(spec_file))] == [
+        "8/0",
+        "4/4",
+        "4/4 tasks",
+        "4/4 answers",
+    ]
+    out = tmp_path / "out"
+    env = {**os.environ, "SPEC": str(spec_file), "PYTHON": sys.executable, "ALLOW_CPU": "1"}
+    run = subprocess.run(
+        ["sh", str(root / "scripts/gpu_experiment.sh"), str(out), "300", "--only", "4/4 tasks"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert [c["label"] for c in results["configurations"]] == ["4/4 tasks"]
+    assert all(c["complete"] and c["compute_seconds"] > 0 for c in results["configurations"])
+    families = {
+        k.removeprefix("family_reward/")
+        for p in out.glob("*/node-*/metrics.jsonl")
+        for r in _rows(p)
+        for k in r
+        if k.startswith("family_reward/")
+    }
+    assert families == {"basic_arithmetic", "chain_sum", "products", "gcd"}
