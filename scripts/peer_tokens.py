@@ -107,7 +107,9 @@ def main() -> None:
             "share": {k: round(v / all_tokens, 4) for k, v in totals.items()},
             "tokens_mean": round(all_tokens / len(subset), 2),
             "tokens_median": lengths[len(lengths) // 2],
-            "with_answer": round(sum(bool(parts(r["text"])["tags"]) for r in subset) / len(subset), 4),
+            "with_answer": round(
+                sum(bool(parts(r["text"])["tags"]) for r in subset) / len(subset), 4
+            ),
         }
 
     right = [r for r in rows if r["reward"] >= 1.0]
