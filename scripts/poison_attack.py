@@ -67,6 +67,7 @@ ATTACKER = "attacker"
 OBSERVER = "observer"
 SEED_SPACING = 2**40
 # The node's metrics copied into each line of rounds.jsonl (metrics.jsonl has them all).
+ROUND_S = 30.0  # seconds of the nodes' clock a round (sapo_node.experiment.runner.RoundClock)
 ROUND_KEYS = (
     "reward/mean",
     "groups/external",
@@ -192,6 +193,7 @@ def payload_share(texts: list[str], payload: str) -> float:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from sapo_node.experiment import Deferred, _locked, _share_model_cache
+    from sapo_node.experiment.runner import RoundClock
     from sapo_node.node import Node
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -218,6 +220,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for k in range(args.identities)
     ]
     nodes: list[Node] = []
+    # time follows the rounds (pool ages, distrust, messages' times), not the machine's load
+    clock = RoundClock(ROUND_S)
     names: dict[str, int] = {}
     rounds_log = (args.out / "rounds.jsonl").open("a", encoding="utf-8")
     evals_log = (args.out / "evals.jsonl").open("a", encoding="utf-8")
@@ -229,7 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             data_dir.mkdir(parents=True, exist_ok=True)
             _share_model_cache(args.out, data_dir)
             with _locked(args.out / ".models.lock"):
-                node = Node(config, transport=Deferred(hub.join(f"node-{i}")))
+                node = Node(config, transport=Deferred(hub.join(f"node-{i}")), clock=clock.now)
             nodes.append(node)
             names[f"node-{i}"] = i
 
@@ -259,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for r in range(args.rounds):
             start = time.perf_counter()
             records = []
+            clock.round = r
             for node in nodes:
                 node.transport.round = r
                 records.append(node.run_round(r))
@@ -266,7 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 node.round += 1
             for attacker, link in attackers:
                 link.round = r
-                for data in attacker.round_messages(r):
+                for data in attacker.round_messages(r, int(clock.now() * 1000)):
                     link.publish(data)
                 link.flush(r)
             for node in nodes:
@@ -371,7 +376,8 @@ def summarise(out: Path) -> dict[str, Any]:
         **run,
         "rounds_done": last + 1,
         # J slots that own groups took because peers' groups aged out of the pool first
-        # (pool.max_age_s, wall-clock: a slow round): nonzero, the run's J was not the set one
+        # (pool.max_age_s): nonzero, the run's J was not the set one; on the round clock a
+        # group is drawn within pool.max_age_s / ROUND_S rounds or never
         "j_unfilled_expired": sum(x.get("train/j_unfilled_expired", 0) for x in rounds),
         "own_payload_rate_last_tenth": mean([x["payload_rate"] for x in tail]),
         "own_payload_rate_all": mean([x["payload_rate"] for x in rounds]),
