@@ -301,8 +301,8 @@ def experiment(
         typer.echo((out_dir / "results.md").read_text(encoding="utf-8"))
         return
     from sapo_node.checkpoint import CheckpointError
+    from sapo_node.datadir import DataDirInUse
     from sapo_node.lifecycle import on_signals
-    from sapo_node.node import DataDirInUse
     from sapo_node.policy import ModelLoadError
     from sapo_node.pool import PoolError
     from sapo_node.tasks import ScorerUnavailable

@@ -13,7 +13,7 @@ runs a relay or a node:
 
 A failure the user can act on raises ``NodeFailed`` (one line; ``cli`` exits 1), an
 unusable listen address ``ConfigError`` (``cli`` exits 2). The data directory's lock
-itself is ``node.lock_data_dir``.
+itself is ``datadir.lock_data_dir``.
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ def cap_kernel_caches() -> dict[str, str]:
 def run_node(cfg: Config, stop: threading.Event) -> None:
     """A training or generating node: rounds until ``stop`` or ``node.rounds``."""
     from sapo_node.checkpoint import CheckpointError
-    from sapo_node.node import DataDirInUse, Node
+    from sapo_node.datadir import DataDirInUse
+    from sapo_node.node import Node
     from sapo_node.policy import ModelLoadError
     from sapo_node.pool import PoolError
     from sapo_node.status import Status
@@ -233,7 +234,7 @@ def run_relay(cfg: Config, stop: threading.Event) -> None:
 def hold_data_dir(data_dir: Path):
     """``data_dir``, created if need be, locked against a second process; returns the
     lock (close it to release)."""
-    from sapo_node.node import DataDirInUse, lock_data_dir
+    from sapo_node.datadir import DataDirInUse, lock_data_dir
 
     data_dir.mkdir(parents=True, exist_ok=True)
     try:

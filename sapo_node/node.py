@@ -36,10 +36,7 @@ tasks its own: it shares what its model writes, and never takes from the pool or
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import math
-import os
 import random
 import sqlite3
 import threading
@@ -53,9 +50,10 @@ import structlog
 import torch
 
 from sapo_node import __version__, peerstate, wire
-from sapo_node.checkpoint import CheckpointError, CheckpointStore, write_text_atomic
+from sapo_node.checkpoint import CheckpointError, CheckpointStore
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
+from sapo_node.datadir import lock_data_dir, node_seed
 from sapo_node.defence import Defence, bare_answer, cut_after_answer
 from sapo_node.evaluate import EvalReport, evaluate
 from sapo_node.groups import Group, taught_flags, training_set
@@ -65,6 +63,7 @@ from sapo_node.mix import Mix, choose_external
 from sapo_node.net import NetStats, Transport
 from sapo_node.policy import Policy, load_policy
 from sapo_node.pool import Pool, PooledGroup
+from sapo_node.record import age_record, log_round, mean, mean_or_none, outcome_counts
 from sapo_node.tasks import (
     Scorer,
     ScorerUnavailable,
@@ -81,10 +80,6 @@ log = structlog.get_logger(__name__)
 
 class Stopped(Exception):
     """A stop was requested mid-round; the round is abandoned, not recorded."""
-
-
-class DataDirInUse(RuntimeError):
-    """Another process holds this data directory."""
 
 
 class Progress:
@@ -160,7 +155,7 @@ class Node:
         self.data_dir = config.node.resolved_data_dir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock_data_dir(self.data_dir)
-        self.seed = _node_seed(self.data_dir, config.node.seed)
+        self.seed = node_seed(self.data_dir, config.node.seed)
         if config.node.threads:
             torch.set_num_threads(config.node.threads)
         m = config.model
@@ -294,7 +289,7 @@ class Node:
         if s.external_max is not None:
             log.info("J chosen", round=r, j=j, reason=why)
         record.update({f"defence/{k}": v for k, v in sorted(screened.items())})
-        record.update(_age_record(theirs, r, self.pool.clock()))
+        record.update(age_record(theirs, r, self.pool.clock()))
         record.update(self._net_record(published, inbound))
         record.update(self._outcome_record())
         record["train/j_unfilled_expired"] = unfilled = _unfilled_for_expiry(
@@ -359,7 +354,7 @@ class Node:
                 self.last_record = record
                 if "eval/pass1" in record:
                     self.last_eval = record
-                _log_round(record)
+                log_round(record)
                 if self.round % self.config.node.checkpoint_every == 0:
                     self.save()
                 self._pace(started)
@@ -597,7 +592,7 @@ class Node:
           ``train/grad_clipped``: the share of the steps taken whose norm exceeded
           ``train.grad_clip`` (0 or 1 with one step); both null when no step was taken;
         - ``groups/external_age_rounds`` (mean) and ``groups/external_age_rounds_max``: this
-          node's round minus its round when the group entered its pool (``_age_record``);
+          node's round minus its round when the group entered its pool (``record.age_record``);
         - ``groups/external_tokens_taught``: the share of the peers' completion tokens that the
           loss counts (``defence.answer_only`` leaves their free text out); null with
           none;
@@ -620,25 +615,25 @@ class Node:
             "time": round(time.time(), 3),
             "reward/mean": reward_mean,
             "reward/cumulative": self.cumulative_reward,
-            "reward/external_mean": _mean_or_none([x for g in theirs for x in g.rewards]),
+            "reward/external_mean": mean_or_none([x for g in theirs for x in g.rewards]),
             "groups/local": len(local),
             "groups/external": len(groups) - len(local),
             "groups/trained": sum(g.has_signal for g in groups),
-            "groups/external_tokens_taught": _mean_or_none(
+            "groups/external_tokens_taught": mean_or_none(
                 [t for g in theirs for flags in taught_flags(g) for t in flags]
             ),
             "groups/practice": practice,
-            "reward/practice_mean": _mean_or_none([x for g in practised for x in g.rewards]),
-            **_outcomes("groups/local", local, threshold),
-            **_outcomes("groups/external", theirs, threshold),
-            "rollout/answer_tag_rate": _mean(
+            "reward/practice_mean": mean_or_none([x for g in practised for x in g.rewards]),
+            **outcome_counts("groups/local", local, threshold),
+            **outcome_counts("groups/external", theirs, threshold),
+            "rollout/answer_tag_rate": mean(
                 [extract_answer(x) is not None for g in local for x in g.texts]
             ),
             "pool/groups": len(self.pool),
             "pool/mb": self.pool.size_bytes() / 2**20,
         }
         for fam in sorted({g.task.ref.family for g in local}):
-            rec[f"family_reward/{fam}"] = _mean(
+            rec[f"family_reward/{fam}"] = mean(
                 [x for g in local if g.task.ref.family == fam for x in g.rewards]
             )
         for fam, level in self.curriculum.level.items():
@@ -768,106 +763,6 @@ def _unfilled_for_expiry(j: int, drawn: int, expired: int) -> int:
     return min(max(0, j - drawn), expired)
 
 
-def _age_record(theirs: Sequence[Group], r: int, now: float) -> dict[str, float]:
-    """How old the peers' groups this round trained on were: in seconds from their
-    creation (the author's clock, within the allowed skew) to now, and in this node's
-    rounds from the round in which each entered the pool (0: it arrived at the start of
-    this round) to round ``r``. Nothing when there were none; no rounds for groups pooled
-    before the pool kept them. Ages are never negative (a node that resumed from an older
-    checkpoint runs rounds again)."""
-    pooled = [g.pooled for g in theirs if g.pooled is not None]
-    if not pooled:
-        return {}
-    ages = [max(0.0, now - p.group.created_ms / 1000.0) for p in pooled]
-    rec = {"groups/external_age_s": _mean(ages), "groups/external_age_s_max": max(ages)}
-    rounds = [max(0, r - p.received_round) for p in pooled if p.received_round is not None]
-    if rounds:
-        rec |= {
-            "groups/external_age_rounds": _mean(rounds),
-            "groups/external_age_rounds_max": max(rounds),
-        }
-    return rec
-
-
-def _outcomes(prefix: str, groups: Sequence[Group], correct_threshold: float) -> dict[str, int]:
-    """``<prefix>_all_wrong``, ``_all_right`` and ``_signal``: groups of each outcome
-    (prefix ``groups/local`` or ``groups/external``)."""
-    counts = Counter(g.outcome(correct_threshold) for g in groups)
-    return {f"{prefix}_{kind}": counts[kind] for kind in ("all_wrong", "all_right", "signal")}
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values)) / len(values) if values else 0.0
-
-
-def _mean_or_none(values: Sequence[float]) -> float | None:
-    return float(sum(values)) / len(values) if values else None
-
-
 def _derive(seed: int, *parts: object) -> int:
     """A 63-bit seed from the node seed and a purpose (stable across processes)."""
     return random.Random(":".join(map(str, (seed, *parts)))).getrandbits(63)
-
-
-def _node_seed(data_dir: Path, configured: int | None) -> int:
-    """The configured seed, else the one drawn at first start and kept in node.json."""
-    path = data_dir / "node.json"
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(
-            f"{path} cannot be read ({exc}); restore it, or delete it to draw a new seed"
-        ) from None
-    seed = configured if configured is not None else stored.get("seed")
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**31)
-    if stored.get("seed") != seed:
-        write_text_atomic(path, json.dumps({**stored, "seed": seed}) + "\n")
-    return int(seed)
-
-
-def lock_data_dir(data_dir: Path):
-    handle = (data_dir / "lock").open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise DataDirInUse(
-            f"data directory {data_dir} is in use by another sapo-node; stop it or pass "
-            "another --data-dir"
-        ) from None
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
-
-
-def _log_round(rec: dict[str, Any]) -> None:
-    log.info(
-        "round",
-        round=rec["round"],
-        reward=round(rec["reward/mean"], 3),
-        cumulative=round(rec["reward/cumulative"], 2),
-        tags=round(rec["rollout/answer_tag_rate"], 2),
-        groups=f"{rec['groups/local']}+{rec['groups/external']}",
-        peers=rec.get("net/peers", 0),
-        trained=rec["train/sequences"],
-        levels=" ".join(
-            f"{k.removeprefix('family_level/')}={v}"
-            for k, v in rec.items()
-            if k.startswith("family_level/")
-        ),
-        tok_s=round(rec["rollout/tokens_per_s"], 1),
-        t=(f"{rec['phase_s/generate']:.1f}/{rec['phase_s/score']:.1f}/{rec['phase_s/train']:.1f}s"),
-        rss_mb=round(rec["memory/peak_rss_mb"]),
-    )
-    if "eval/pass1" in rec:
-        log.info(
-            "held-out eval",
-            round=rec["round"],
-            pass1=round(rec["eval/pass1"], 3),
-            greedy=round(rec["eval/greedy"], 3),
-            tags=round(rec["eval/answer_tag_rate"], 2),
-            tasks=rec["eval/tasks"],
-            t=f"{rec['eval/seconds']:.1f}s",
-        )

@@ -19,7 +19,7 @@ from sapo_node import footprint
 from sapo_node.checkpoint import CheckpointStore
 from sapo_node.cli import main
 from sapo_node.config import load_config
-from sapo_node.node import lock_data_dir
+from sapo_node.datadir import lock_data_dir
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
