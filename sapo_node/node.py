@@ -36,7 +36,6 @@ tasks its own: it shares what its model writes, and never takes from the pool or
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import sqlite3
 import threading
@@ -56,20 +55,19 @@ from sapo_node.curriculum import Curriculum
 from sapo_node.datadir import lock_data_dir, node_seed
 from sapo_node.defence import Defence, bare_answer, cut_after_answer
 from sapo_node.evaluate import EvalReport, evaluate
-from sapo_node.groups import Group, taught_flags, training_set
+from sapo_node.groups import Group, training_set
 from sapo_node.intake import Intake, Verdict
-from sapo_node.metrics import MetricsLog, peak_gpu_mb, peak_rss_mb
+from sapo_node.metrics import MetricsLog
 from sapo_node.mix import Mix, choose_external
 from sapo_node.net import NetStats, Transport
 from sapo_node.policy import Policy, load_policy
 from sapo_node.pool import Pool, PooledGroup
-from sapo_node.record import age_record, log_round, mean, mean_or_none, outcome_counts
+from sapo_node.record import age_record, log_round, round_record
 from sapo_node.tasks import (
     Scorer,
     ScorerUnavailable,
     Task,
     build_messages,
-    extract_answer,
     generator_of,
     make_task,
 )
@@ -579,94 +577,25 @@ class Node:
     # --- record and state --------------------------------------------------------------
 
     def _record(self, r, local, groups, stats: TrainStats, new_tokens, timer, moves, practice=0):
-        """The round's metrics row (docs/operations.md lists every key). What sharing did:
-
-        - ``reward/external_mean``: mean reward of the completions of the peers' groups
-          trained on (after the defence's screening, as trained); null with none;
-        - ``groups/local_<kind>``, ``groups/external_<kind>``: own groups and peers' groups
-          trained on, counted by ``Group.outcome`` (kind: ``all_wrong``, ``all_right``,
-          ``signal``); each three sum to ``groups/local`` and ``groups/external``;
-        - ``train/steps``: optimiser steps taken (``ppo_epochs`` unless skipped);
-          ``train/grad_norm``: the last step's gradient norm before clipping (null if not
-          finite); ``train/grad_norm_max``: the largest over the steps taken;
-          ``train/grad_clipped``: the share of the steps taken whose norm exceeded
-          ``train.grad_clip`` (0 or 1 with one step); both null when no step was taken;
-        - ``groups/external_age_rounds`` (mean) and ``groups/external_age_rounds_max``: this
-          node's round minus its round when the group entered its pool (``record.age_record``);
-        - ``groups/external_tokens_taught``: the share of the peers' completion tokens that the
-          loss counts (``defence.answer_only`` leaves their free text out); null with
-          none;
-        - ``groups/practice``, ``reward/practice_mean``: with ``train.external_use = "tasks"``,
-          this node's own groups on the tasks of the peers' groups it drew (counted in
-          ``groups/external``; not in ``reward/mean``, which stays the reward on the
-          node's own task stream, comparable with a node alone);
-        - ``compute_s``: the node's compute in the round (``Timer.compute_s``), the cost
-          that experiments divide the reward by.
-        """
-        seconds = timer.seconds
+        """The round's metrics row (record.round_record, which says what each key means),
+        with this round's own reward added to the cumulative one."""
         own = [x for g in local for x in g.rewards]
-        theirs = groups[len(local) :]
-        practised = theirs[:practice]
-        threshold = self.config.tasks.correct_threshold
-        reward_mean = sum(own) / len(own) if own else 0.0
-        self.cumulative_reward += reward_mean
-        rec: dict[str, Any] = {
-            "round": r,
-            "time": round(time.time(), 3),
-            "reward/mean": reward_mean,
-            "reward/cumulative": self.cumulative_reward,
-            "reward/external_mean": mean_or_none([x for g in theirs for x in g.rewards]),
-            "groups/local": len(local),
-            "groups/external": len(groups) - len(local),
-            "groups/trained": sum(g.has_signal for g in groups),
-            "groups/external_tokens_taught": mean_or_none(
-                [t for g in theirs for flags in taught_flags(g) for t in flags]
-            ),
-            "groups/practice": practice,
-            "reward/practice_mean": mean_or_none([x for g in practised for x in g.rewards]),
-            **outcome_counts("groups/local", local, threshold),
-            **outcome_counts("groups/external", theirs, threshold),
-            "rollout/answer_tag_rate": mean(
-                [extract_answer(x) is not None for g in local for x in g.texts]
-            ),
-            "pool/groups": len(self.pool),
-            "pool/mb": self.pool.size_bytes() / 2**20,
-        }
-        for fam in sorted({g.task.ref.family for g in local}):
-            rec[f"family_reward/{fam}"] = mean(
-                [x for g in local if g.task.ref.family == fam for x in g.rewards]
-            )
-        for fam, level in self.curriculum.level.items():
-            rec[f"family_level/{fam}"] = level
-        rec.update(
-            {
-                "curriculum/moves": {k: v for k, v in moves.items() if v},
-                "phase_s/generate": seconds.get("generate", 0.0),
-                "phase_s/intake": seconds.get("intake", 0.0),
-                "phase_s/score": seconds.get("score", 0.0),
-                "phase_s/screen": seconds.get("screen", 0.0),
-                "phase_s/train": seconds.get("train", 0.0),
-                "phase_s/round": seconds.get("round", 0.0),
-                "compute_s": timer.compute_s(),
-                "rollout/new_tokens": new_tokens,
-                "rollout/tokens_per_s": new_tokens / max(seconds.get("generate", 0.0), 1e-9),
-                "train/sequences": stats.sequences,
-                "train/tokens": stats.tokens,
-                "train/loss": stats.loss,
-                "train/clip_frac": stats.clip_frac,
-                "train/kl": stats.kl,
-                "train/approx_kl": stats.approx_kl,
-                "train/entropy": stats.entropy,
-                "train/steps": stats.steps,
-                "train/skipped_steps": stats.skipped_steps,
-                "train/grad_norm": stats.grad_norm if math.isfinite(stats.grad_norm) else None,
-                "train/grad_norm_max": stats.grad_norm_max if stats.steps else None,
-                "train/grad_clipped": stats.clipped_steps / stats.steps if stats.steps else None,
-                "memory/peak_rss_mb": peak_rss_mb(),
-                "memory/peak_gpu_mb": peak_gpu_mb(self.policy.device),
-            }
+        self.cumulative_reward += sum(own) / len(own) if own else 0.0
+        return round_record(
+            r,
+            local,
+            groups,
+            stats,
+            new_tokens,
+            timer,
+            moves,
+            practice,
+            cumulative=self.cumulative_reward,
+            threshold=self.config.tasks.correct_threshold,
+            pool=self.pool,
+            levels=self.curriculum.level,
+            device=self.policy.device,
         )
-        return rec
 
     def save(self) -> None:
         """Checkpoint the completed rounds; a failure is logged and training goes on.
