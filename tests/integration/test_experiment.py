@@ -99,6 +99,11 @@ def test_experiment_runs_stops_resumes_and_reports(
     ]
     assert all(r["net/accepted"] > 0 and r["net/bytes_in"] > 0 for r in late)
     assert sum(r["groups/external"] for r in late) > 0
+    # on the experiment's round clock (30 s a round), not the machine's: a group made in
+    # round 0 is 30 s old in round 1 however long the rounds took, even across the stop
+    aged = [r for r in late if r["groups/external"]]
+    assert aged and all(r["groups/external_age_s_max"] == 30.0 for r in aged)
+    assert all(r["compute_s"] > 0 for r in late)
     assert _rows(out / "4-0" / "node-0" / "metrics.jsonl")[1]["groups/external"] == 0
 
     results = json.loads((out / "results.json").read_text())
