@@ -253,6 +253,16 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
                 entry["by_replicate"],
                 sum(n["cumulative_reward"] for n in base_nodes),
             )
+            if "p_reward_per_compute_s" in entry:  # the same rule on reward per compute-second
+                entry["by_replicate_per_compute_s"] = by_replicate_rate(
+                    nodes, base_nodes, spec.experiment.nodes
+                )
+                entry["conclusion_per_compute_s"] = conclusion(
+                    entry["p_reward_per_compute_s"],
+                    _rate(_sums(nodes)) or 0.0,
+                    entry["by_replicate_per_compute_s"],
+                    _rate(_sums(base_nodes)) or 0.0,
+                )
         plain = next((p for p in order if p.ratio == a.ratio and p.plain), None)
         if not a.plain and plain is not None:
             entry["versus_plain"] = {"label": plain.label, **_versus(nodes, data[plain.label])}
@@ -314,6 +324,28 @@ def by_replicate(nodes, base_nodes, per_swarm: int) -> list[float | None]:
         mine = sum(n["cumulative_reward"] for n in nodes[k : k + per_swarm])
         base = sum(n["cumulative_reward"] for n in base_nodes[k : k + per_swarm])
         out.append(_ratio(mine, base))
+    return out
+
+
+def _sums(nodes) -> dict[str, float]:
+    return {
+        "cumulative_reward": sum(n["cumulative_reward"] for n in nodes),
+        "compute_seconds": sum(n.get("compute_seconds", 0.0) for n in nodes),
+    }
+
+
+def by_replicate_rate(nodes, base_nodes, per_swarm: int) -> list[float | None]:
+    """Reward per compute-second over J = 0's within each replicate.
+
+    >>> by_replicate_rate([{"cumulative_reward": 2, "compute_seconds": 2}] * 2,
+    ...                   [{"cumulative_reward": 1, "compute_seconds": 2}] * 2, 1)
+    [2.0, 2.0]
+    """
+    out = []
+    for k in range(0, len(nodes), per_swarm):
+        mine = _rate(_sums(nodes[k : k + per_swarm]))
+        base = _rate(_sums(base_nodes[k : k + per_swarm]))
+        out.append(mine / base if mine is not None and base else None)
     return out
 
 
@@ -429,17 +461,21 @@ def _cost_table(results: dict[str, Any]) -> list[str]:
         "## Per second of the nodes' compute, and what a round trained",
         "",
         "| I / J | sampling | compute (node-seconds) | reward per compute-hour | vs J=0 "
-        "| p (per compute-second) | sequences trained / round | tokens trained / round |",
-        "|---|---|---|---|---|---|---|---|",
+        "| p (per compute-second) | per replicate | sharing ... (per compute-second) "
+        "| sequences trained / round | tokens trained / round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in results["configurations"]:
         rate = c.get("reward_per_compute_s")
         ratio = c.get("ratio_per_compute_s")
+        reps = c.get("by_replicate_per_compute_s") or []
         lines.append(
             f"| {_label(c)} | {c['sampling']} | {_seconds(c.get('compute_seconds', 0.0))} "
             f"| {'–' if rate is None else format(rate * 3600, '.1f')} "
             f"| {'–' if ratio is None else format(ratio, '.2f') + 'x'} "
             f"| {_p(c.get('p_reward_per_compute_s'))} "
+            f"| {', '.join('–' if r is None else f'{r:.2f}x' for r in reps) or '–'} "
+            f"| {c.get('conclusion_per_compute_s', '–')} "
             f"| {c.get('sequences_trained', 0.0):.1f} | {c.get('tokens_trained', 0.0):,.0f} |"
         )
     lines += [
@@ -449,7 +485,8 @@ def _cost_table(results: dict[str, Any]) -> list[str]:
         "peers' (the sandbox is another process); summed over nodes and rounds, evaluation "
         "excluded. Rows recorded before this measure count the wall seconds of those phases. "
         "Reward per compute-hour: cumulative reward over that; p: sign-flip test, paired by "
-        "node seed, on each node's cumulative reward per compute-second.",
+        "node seed, on each node's cumulative reward per compute-second; per replicate and "
+        "verdict: the pre-registered rule (below) applied to reward per compute-second.",
     ]
     return lines
 
