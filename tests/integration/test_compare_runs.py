@@ -25,3 +25,9 @@ def test_compare_runs_reproduces_the_evidence_verdict() -> None:
     assert result["replicate_ratios"] == [1.108, 1.365]
     assert result["verdict"] == "helped"
     assert result["greedy_end"] == [0.2109, 0.2422]
+    # per second of the nodes' phases (rows from before compute_s: their wall seconds),
+    # as docs/results/screening-cpu/README.md cites it: 1.11x, p = 0.086, not significant
+    assert result["compute_seconds"] == [7806.5, 7007.8]
+    assert result["ratio_per_compute_s"] == 1.109 and result["p_per_compute_s"] == 0.0859
+    assert result["replicate_ratios_per_compute_s"] == [1.022, 1.193]
+    assert result["verdict_per_compute_s"] == "no detectable difference"
