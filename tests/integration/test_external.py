@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -119,7 +120,11 @@ def test_two_nodes_share_through_the_wire_and_a_restart_keeps_the_pool(
 def test_a_full_disk_stops_the_node_cleanly_with_its_state_saved(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:
+    """The third round trains, then cannot be recorded: the node stops with the failure,
+    and the checkpoint is that of the two rounds recorded, not the third round's weights
+    labelled round 2 (issue 47: nothing saves a round part-way)."""
     node = _node(tiny_model_dir, tmp_path / "c", seed=3, local=1, external=0)
+    node.config.node.checkpoint_every = 1
     calls = {"n": 0}
     real_append = node.metrics.append
 
@@ -135,7 +140,10 @@ def test_a_full_disk_stops_the_node_cleanly_with_its_state_saved(
     finally:
         node.close()
     assert "No space left on device" in node.failure
-    assert (tmp_path / "c" / "checkpoints" / "LATEST").read_text().strip() == "round-000002"
+    root = tmp_path / "c" / "checkpoints"
+    assert (root / "LATEST").read_text().strip() == "round-000002"
+    state = json.loads((root / "round-000002" / "state.json").read_text())
+    assert state["metrics_offset"] == (tmp_path / "c" / "metrics.jsonl").stat().st_size
 
 
 def test_out_of_memory_stops_with_a_hint(tiny_model_dir: Path, tmp_path: Path, monkeypatch):
