@@ -20,7 +20,10 @@ So such a node asks public peers to dial it back, on py-libp2p's AutoNAT v1
   succeeded and for ALONE_S after that answer no peer outside the LAN has connected to
   this node directly (which a peer that could dial it would have done), that one answer
   is enough: a firewalled VPS, or a home IPv6 address behind the router's firewall,
-  turns private rather than serve the DHT to nobody.
+  turns private rather than serve the DHT to nobody. (A private node's inbound
+  connections are hole punches, not evidence.)
+
+While unsure, a node asks each server again every PEER_EVERY_S, the server's own rate.
 
 A node private by AutoNAT asks again every RECHECK_PRIVATE_S and turns public again
 when the answers say so: one demoted by lying servers, or by a failure that has since

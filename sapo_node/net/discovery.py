@@ -75,6 +75,9 @@ PROVIDE_EVERY_S = 600.0
 # providers up this often, not every pass: each lookup costs every peer it asks, and at
 # 24 nodes the DHT was a quarter of a member's network CPU (docs/scale.md).
 LOOKUP_EVERY_S = 60.0
+# The most an announcement in the DHT or a lookup of its members takes; each runs in the
+# background, one at a time (DiscoveryBehaviour._announce, _look_up).
+DHT_QUERY_S = 45.0
 
 
 def dht_key(topic: str) -> str:
@@ -163,7 +166,8 @@ class DiscoveryBehaviour:
     made of: the discovery pass, its dials and their backoff, bootstrap peers, the DHT.
     Its state, made in ``_init_discovery``: ``dht``, ``bootstrap``, ``backoff``,
     ``my_shards`` and the pass's bounds; it reads the network's ``host``, ``me``,
-    ``topics`` and ``reachability``, and reserves relays in a private node's pass."""
+    ``topics`` and ``reachability``, runs its DHT queries in the network's ``nursery``,
+    and reserves relays in a private node's pass."""
 
     def _init_discovery(self, settings: dict[str, Any]) -> None:
         """The DHT (a server on a node others can dial), bootstrap peers, and the dial
@@ -187,6 +191,10 @@ class DiscoveryBehaviour:
         self.pubsub.own_peer_maps.append(self.no_pubsub_since)
         self.older_noticed: dict[ID, None] = {}  # peers said to run an older DHT
         self.pubsub.own_peer_maps.append(self.older_noticed)
+        # The last announcement in the DHT: when, to which peers, with which relayed
+        # addresses; and whether one, or a lookup, is under way (_announce, _look_up).
+        self.provided: tuple[float, set[ID], list[str]] = (-PROVIDE_EVERY_S, set(), [])
+        self.announcing = self.looking_up = False
 
     def shards_of(self, peer: ID) -> tuple[int, ...]:
         """The shards ``peer`` joins, by the swarm's rule (wire.shards_of): any node
@@ -201,7 +209,6 @@ class DiscoveryBehaviour:
         # The swarm's key (every node's, also before shards), and in a sharded swarm each
         # joined shard's: a node finds its shards' members among their providers.
         keys = [dht_key(t) for t in self.topics if t != self.topic] + [dht_key(self.topic)]
-        last_provide, provided_to, provided_relayed = -PROVIDE_EVERY_S, set(), STATE.relayed
         last_lookup = -LOOKUP_EVERY_S
         self.alone_since = trio.current_time()
         while True:
@@ -231,34 +238,57 @@ class DiscoveryBehaviour:
                     # Announce again every PROVIDE_EVERY_S, as soon as new peers connect (an
                     # announcement made while alone reached nobody), and when this node's
                     # relayed addresses changed.
+                    last_provide, provided_to, provided_relayed = self.provided
                     due = trio.current_time() - last_provide >= PROVIDE_EVERY_S
                     fresh = due or not connected <= provided_to or provided_relayed != STATE.relayed
                     # a private node announces only its addresses through relays
                     dialable = self.reachability != "private" or STATE.relayed
-                    if connected and fresh and dialable:
-                        for key in keys:
-                            with contextlib.suppress(Exception):
-                                if await self.dht.provide(key):
-                                    last_provide, provided_to = trio.current_time(), connected
-                                    provided_relayed = STATE.relayed
+                    if connected and fresh and dialable and not self.announcing and self.nursery:
+                        self.announcing = True
+                        self.nursery.start_soon(self._announce, keys, connected)
                     due = trio.current_time() - last_lookup >= LOOKUP_EVERY_S
-                    if due or self._short_of_members(connected):
+                    short = self._short_of_members(connected)
+                    if (due or short) and not self.looking_up and self.nursery:
                         last_lookup = trio.current_time()
-                        await self._look_up(keys)
+                        self.looking_up = True
+                        self.nursery.start_soon(self._look_up, keys)
             if self.reachability == "private":
                 await self._reserve()
             await self._dial_known(skip=boot)
             self.pass_s = trio.current_time() - began
             await trio.sleep(self.s["redial_s"])
 
+    async def _announce(self, keys: list[str], connected: set[ID]) -> None:
+        """Provide ``keys`` in the DHT, in the background and for DHT_QUERY_S at most: the
+        library's lookup and its ADD_PROVIDER messages wait out peers that lead nowhere
+        (10 s a dial, a lookup up to 30 s), such as a node that read public and that
+        AutoNAT has since found unreachable; a pass must not wait with them, nor cut the
+        announcement of a node's relayed addresses short every time
+        (docs/libp2p.md#provider-lookups)."""
+        relayed = list(STATE.relayed)
+        try:
+            with trio.move_on_after(DHT_QUERY_S):
+                for key in keys:
+                    with contextlib.suppress(Exception):
+                        if await self.dht.provide(key):
+                            self.provided = (trio.current_time(), connected, relayed)
+        finally:
+            self.announcing = False
+
     async def _look_up(self, keys: list[str]) -> None:
         """Put the providers of ``keys`` (the swarm's and its shards' members) in the
-        peerstore, for the dial loop."""
-        for key in keys:
-            with contextlib.suppress(Exception):
-                for info in await self.dht.find_providers(key, 50):
-                    if info.peer_id != self.me and info.addrs:
-                        self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        peerstore, for the dial loop; in the background and for DHT_QUERY_S at most, as
+        an announcement (_announce)."""
+        try:
+            with trio.move_on_after(DHT_QUERY_S):
+                for key in keys:
+                    with contextlib.suppress(Exception):
+                        for info in await patches.find_providers(self.dht, key, 50):
+                            if info.peer_id != self.me and info.addrs:
+                                store = self.host.get_peerstore()
+                                store.add_addrs(info.peer_id, info.addrs, 3600)
+        finally:
+            self.looking_up = False
 
     def _short_of_members(self, connected: set[ID]) -> bool:
         """Whether one of this node's topics has fewer than the mesh degree of its members

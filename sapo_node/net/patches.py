@@ -16,7 +16,7 @@ Three kinds of change:
   ``net/reachability.py``, ``net/autonat.py``): :data:`OVERRIDDEN` names each, and
   :func:`apply` checks the library still has it (a renamed one would no longer be called);
 - hooks set on one object (the DHT's routing table and provider store): :func:`guard_dht`,
-  with the same checks.
+  with the same checks; :func:`find_providers` sets one for the length of a call.
 """
 
 from __future__ import annotations
@@ -221,6 +221,27 @@ def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool
     table.add_peer = add_peer
     store.add_provider = add_provider
     store.host = Shown(store.host)
+
+
+async def find_providers(dht: Any, key: str, count: int) -> list[Any]:
+    """docs/libp2p.md#provider-lookups: the providers of ``key``. The library answers
+    from this node's own provider records whenever it holds one, asking nobody, and a
+    node that announced itself always holds its own: a DHT client (a private node), whose
+    records are only its own and those it kept from when it served, never again found
+    a member in the DHT. A client asks the network; a server keeps the library's way
+    (peers' announcements reach it)."""
+    from libp2p.kad_dht.kad_dht import DHTMode
+
+    check_state(dht, ("mode", "provider_store", "find_providers"), "the DHT")
+    store = dht.provider_store
+    check_state(store, ("get_providers",), "the DHT's provider store")
+    if dht.mode != DHTMode.CLIENT:
+        return await dht.find_providers(key, count)
+    store.get_providers = lambda _key: []  # the lookup's local shortcut, for this call
+    try:
+        return await dht.find_providers(key, count)
+    finally:
+        del store.get_providers
 
 
 class Shown:

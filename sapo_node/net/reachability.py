@@ -327,21 +327,27 @@ class ReachabilityBehaviour:
             await trio.sleep(every)
 
     async def _ask_until_sure(self) -> str:
-        """Each AutoNAT server among connected peers asked once, as they connect (those
-        connected together, at once); with one network's failure alone, the verdict waits
-        autonat.ALONE_S for a peer outside the LAN to dial in."""
+        """Each AutoNAT server among connected peers asked, as they connect (those
+        connected together, at once), and again every autonat.PEER_EVERY_S (a server's
+        own rate) while the answers leave it unsure; with one network's failure alone,
+        the verdict waits autonat.ALONE_S for a peer outside the LAN to dial in."""
         self.autonat_answers = {}
-        asked: set[ID] = set()
+        asked: dict[ID, float] = {}  # server -> when it was last asked
+        again_s = self.s.get("autonat_retry_s", autonat.PEER_EVERY_S)
         dialled_in = False
         while True:
-            new = [p for p in self._autonat_servers() if p not in asked][: autonat.SERVERS]
-            asked.update(new)
+            now = trio.current_time()
+            servers = self._autonat_servers()
+            new = [p for p in servers if now - asked.get(p, -math.inf) >= again_s]
+            asked.update(dict.fromkeys(new[: autonat.SERVERS], now))
             async with trio.open_nursery() as nursery:
-                for peer in new:
+                for peer in new[: autonat.SERVERS]:
                     nursery.start_soon(self._ask_dial_back, peer)
             if self.autonat_failed_at is None and autonat.FAILED in self.autonat_answers.values():
                 self.autonat_failed_at = trio.current_time()
-            dialled_in = dialled_in or self._dialled_in_from_outside()
+            # while private, an inbound connection is a hole punch: no evidence
+            public = self.reachability == "public"
+            dialled_in = dialled_in or (public and self._dialled_in_from_outside())
             waited = trio.current_time() - (self.autonat_failed_at or math.inf)
             unreached = not dialled_in and waited >= self.s.get("autonat_alone_s", autonat.ALONE_S)
             found = autonat.verdict(self.autonat_answers.items(), unreached=unreached)

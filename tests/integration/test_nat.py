@@ -108,11 +108,13 @@ def test_a_firewalled_node_with_a_public_address_turns_private_by_autonat() -> N
 def test_a_dialable_looking_node_alone_with_one_public_node_turns_private() -> None:
     """A swarm of one public node and two nodes whose addresses are outside the LAN
     ranges but firewalled (tests/support/nat_alone.py): the one public node's failed
-    dial-back and no peer dialling in for autonat.ALONE_S make each private; once its
-    firewall opens, the next check makes it public again."""
+    dial-back and no peer dialling in for autonat.ALONE_S make each private, and the two
+    meet through the public node's relay (found in the DHT at their relayed addresses);
+    once its firewall opens, the next check makes one public again."""
     checks = checks_of("tests.support.nat_alone", timeout=120)
     assert checks["at_start"] == {"fw1": ["public", "address"], "fw2": ["public", "address"]}
     assert checks["reachability"] == {"fw1": ["private", "autonat"], "fw2": ["private", "autonat"]}
     assert checks["relay_reserved"] and checks["routing_table_dropped"] and checks["exchange"]
+    assert checks["met"], checks["fw1_fw2_link"]
     assert checks["public_again"] and checks["back_in_routing_table"]
     assert checks["fw2_still_private"]

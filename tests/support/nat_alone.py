@@ -17,7 +17,8 @@ server to ask, pub, whose dial-back fails, and nobody dials in (net/autonat.py, 
 here a few seconds, ``autonat_alone_s``). It checks, in order: each turns private
 (reason ``autonat``) on pub's answer alone; each reserves a slot on pub's relay; pub's
 DHT routing table drops both (they no longer serve the DHT); fw1 and fw2, which cannot
-dial each other, exchange messages (through pub); then fw1's
+dial each other, exchange messages (through pub) and connect to each other through
+pub's relay, found at the relayed addresses they announce instead; then fw1's
 firewall is lifted and its next check (``autonat_recheck_private_s``) finds it public
 again (reason ``address``), back in pub's routing table. It prints one JSON line (each
 check, timings, ``error``) and exits 0 if every check passed, 1 if not, 3 if not in a
@@ -39,17 +40,19 @@ from tests.support.nat_autonat import FIREWALL
 from tests.support.nat_swarm import VALID, Netns
 
 ALONE_S = 3.0  # the firewalled nodes' wait for a peer dialling in (120 s by default)
-RECHECK_S = 3.0  # their checks while private (600 s by default)
+RECHECK_S = 5.0  # their checks while private (600 s by default)
 
 
 class Quick(Libp2pTransport):
-    """A network process whose AutoNAT waits and checks again in seconds, and whose
-    server (pub) takes a peer's request every second instead of every minute."""
+    """A network process whose AutoNAT waits, checks again and asks a server that gave
+    no answer again in seconds, and whose server (pub) takes a peer's request every
+    second instead of every minute (and still 30 a minute in all)."""
 
     def _spawn(self) -> None:
         self.settings["autonat_alone_s"] = ALONE_S
         self.settings["autonat_recheck_private_s"] = RECHECK_S
         self.settings["autonat_peer_every_s"] = 1.0
+        self.settings["autonat_retry_s"] = 2.0
         super()._spawn()
 
 
@@ -135,6 +138,18 @@ def run(within: float) -> dict[str, object]:
             checks["exchange"] = wait_for(arrived, within)
             checks["exchange_s"] = round(time.monotonic() - t0, 1)
 
+            def link() -> list[int]:  # fw1's connections to fw2: [direct, relayed]
+                links = stat("fw1", "links") or {}
+                return list(links.get(members["fw2"].peer_id, [0, 0]))  # type: ignore[union-attr]
+
+            # each finds the other's relayed addresses in pub's DHT (what it announces
+            # instead of its own) and connects through the relay, then perhaps directly,
+            # if a hole punch gets through both firewalls
+            checks["met"] = wait_for(lambda: sum(link()) > 0, within)
+            checks["met_s"] = round(time.monotonic() - t0, 1)
+            checks["fw1_fw2_link"] = link()
+            checks["hole_punches"] = {n: stat(n, "hole_punches") for n in firewalled}
+
             # the firewall lifted: fw1's next check finds pub dialling it back
             ns.run("vps1", "nft", "flush", "ruleset")
             t1 = time.monotonic()
@@ -156,6 +171,7 @@ def run(within: float) -> dict[str, object]:
                     "relay_reserved": checks["relay_reserved"],
                     "routing_table_dropped": checks["routing_table_dropped"],
                     "exchange": checks["exchange"],
+                    "met": checks["met"],
                     "public_again": checks["public_again"],
                     "back_in_routing_table": checks["back_in_routing_table"],
                     "fw2_still_private": checks["fw2_still_private"],

@@ -89,3 +89,49 @@ def test_the_network_process_sends_the_patch_error_as_its_fatal_one(monkeypatch)
     monkeypatch.setattr(trio.lowlevel, "FdStream", lambda fd: None)
     assert trio.run(host._main, 0, 1) == 1
     assert sent == [["fatal", "py-libp2p 0.9.0 is installed; ..."]]
+
+
+def test_a_dht_clients_lookup_asks_the_network_not_only_its_own_record() -> None:
+    """docs/libp2p.md#provider-lookups, with two real DHTs on loopback: a server holding
+    another member's record, and a client holding its own. The library's lookup gives the
+    client its own record alone; the node's asks the server, and finds the member."""
+    import multiaddr
+    import trio
+    from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+    from libp2p.peer.peerinfo import PeerInfo
+    from libp2p.tools.anyio_service import background_trio_service
+
+    from tests.support.rogue import make_host
+
+    key = "sapo-test-key"
+    member = PeerInfo(make_host().get_id(), [multiaddr.Multiaddr("/ip4/198.18.7.7/tcp/4141")])
+
+    async def lookups() -> tuple[set, set]:
+        server_host, client_host = make_host(), make_host()
+        listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+        async with server_host.run(listen_addrs=listen), client_host.run(listen_addrs=listen):
+            server = KadDHT(server_host, DHTMode.SERVER)
+            client = KadDHT(client_host, DHTMode.CLIENT)
+            async with background_trio_service(server), background_trio_service(client):
+                addrs = server_host.get_addrs()
+                await client_host.connect(PeerInfo(server_host.get_id(), addrs))
+                await client.routing_table.add_peer(
+                    PeerInfo(server_host.get_id(), addrs), skip_server_mode_check=True
+                )
+                encoded = _encode(key)
+                server.provider_store.add_provider(encoded, member)
+                mine = PeerInfo(client_host.get_id(), client_host.get_addrs())
+                client.provider_store.add_provider(encoded, mine)
+                with trio.fail_after(20):
+                    library = await client.find_providers(key, 20)
+                    ours = await patches.find_providers(client, key, 20)
+                return {p.peer_id for p in library}, {p.peer_id for p in ours}
+
+    def _encode(text: str) -> bytes:
+        from libp2p.kad_dht.kad_dht import _encode_key
+
+        return _encode_key(text)
+
+    library, ours = trio.run(lookups)
+    assert member.peer_id not in library  # its own record answered, nobody asked
+    assert member.peer_id in ours
