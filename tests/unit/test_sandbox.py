@@ -445,7 +445,7 @@ def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
         assert os.path.isdir(workdir)
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 30.0  # the worker's clean-up runs as it exits (slow when loaded)
+        deadline = time.monotonic() + 30.0  # its clean-up runs as it exits (slow when loaded)
         while (_running(worker_pid) or os.path.exists(workdir)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _running(worker_pid)
