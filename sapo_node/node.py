@@ -254,7 +254,7 @@ class Node:
                 self._score(generated)
             local, practice = generated[:n_local], generated[n_local:]
             published = self._share(generated, r)
-            theirs = [] if practice else [self._as_group(p) for p in external]
+            theirs = [] if s.external_use == "tasks" else [self._as_group(p) for p in external]
             screened: Counter[str] = Counter()
             if self.defence is not None:
                 with timer("screen"):

@@ -428,7 +428,7 @@ def render_table(results: dict[str, Any]) -> str:
         "- Held-out: the fixed evaluation set (seeds no node trains on), every node at the "
         "start (before training) and after the last round. Greedy accuracy with a Wilson 95% "
         "interval over tasks x nodes; pass@1 (mean of the sampled completions) with a "
-        "percentile bootstrap 95% interval over the (node, task) cells. Both intervals treat "
+        "95% percentile-bootstrap interval over the (node, task) cells. Both intervals treat "
         "cells as independent, which nodes of one swarm and tasks of one set are not quite.",
         f"- p: exact two-sided sign-flip permutation test against J = 0, paired by node seed "
         f"over {n} pairs (replicates pooled), on per-node cumulative reward and on per-node "
