@@ -4,19 +4,22 @@ no pubsub, and, with ``--mdns``, the library's mDNS under IPFS's service name
 (``_p2p._udp.local.``). Imported before ``sapo_node.net.host`` ever is in this process,
 so the DHT keeps the library's id. Tests run it as a subprocess:
 
-    python -m tests.support.ipfs_peer [--dial MULTIADDR] [--hold S] [--watch S] [--mdns]
+    python -m tests.support.ipfs_peer [--dial MULTIADDR] [--hold S] [--watch S] [--until FILE]
+                                      [--mdns]
 
 It listens on 127.0.0.1 only and dials loopback only. With ``--dial`` it connects to that
 peer, prints ``connected``, stays ``--hold`` s, closes the connection and prints
-``disconnected``. Then for ``--watch`` s it prints ``dialled_by PEER_ID`` for each peer
-that opens a connection to it, and ``done``. It prints ``peer_id`` and ``addr`` first,
-each line flushed, so a test can follow it.
+``disconnected``. Then for ``--watch`` s (or until the file ``--until`` exists, if
+sooner) it prints ``dialled_by PEER_ID`` for each peer that opens a connection to it, and
+``done``. It prints ``peer_id`` and ``addr`` first, each line flushed, so a test can
+follow it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import multiaddr
 import trio
@@ -61,7 +64,7 @@ async def main_async(args: argparse.Namespace) -> None:
             say("disconnected")
         seen = set(host.get_connected_peers())
         with trio.move_on_after(args.watch):
-            while True:
+            while not (args.until and args.until.exists()):
                 for peer in host.get_connected_peers():
                     if peer not in seen:
                         seen.add(peer)
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dial", help="/ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID")
     parser.add_argument("--hold", type=float, default=5.0, help="seconds connected")
     parser.add_argument("--watch", type=float, default=10.0, help="seconds to watch after")
+    parser.add_argument("--until", type=Path, help="stop watching once this file exists")
     parser.add_argument("--mdns", action="store_true", help="announce and browse _p2p._udp")
     args = parser.parse_args(argv)
     if args.dial and not args.dial.startswith("/ip4/127."):
