@@ -43,7 +43,7 @@ RUN pip install --no-compile --no-deps .
 # sympy, ...) would be about 200 MB of it that no node reads.
 RUN cd / && python -W ignore -c "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" \
     sapo_node.cli sapo_node.node sapo_node.net.process sapo_node.net.host sapo_node.evaluate \
-    sapo_node.experiment sapo_node.swarm sapo_node.plot sapo_node.sandbox reasoning_gym peft \
+    sapo_node.experiment sapo_node.local_swarm sapo_node.ops.plot sapo_node.sandbox reasoning_gym peft \
     pydantic.type_adapter typer._adapters typer._click.decorators \
     transformers.models.auto.modeling_auto transformers.models.auto.tokenization_auto \
     transformers.models.llama.modeling_llama transformers.models.llama.tokenization_llama \

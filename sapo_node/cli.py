@@ -55,8 +55,8 @@ def start(options: NodeOptions) -> None:
     if options.no_train and not cfg.net.enabled:
         what = "a generating member shares" if options.generate else "a relay relays"
         raise UsageProblem(f"--no-train: {what}, which needs the network (drop --offline)")
-    from sapo_node import lifecycle
     from sapo_node.logs import configure_logging
+    from sapo_node.ops import lifecycle
 
     configure_logging(cfg.node.json_logs)
     try:
@@ -80,7 +80,7 @@ def identity(
 ) -> None:
     """Print this node's peer ID and the addresses to give others (--bootstrap); creates
     the identity key on first use."""
-    from sapo_node import wire
+    from sapo_node.intake import wire
     from sapo_node.net import NetError
     from sapo_node.net import identity as ident
     from sapo_node.net.reach import decide
@@ -149,7 +149,7 @@ def swarm(
 ) -> None:
     """Start N nodes on this machine (loopback only, each with its own data directory and
     port, bootstrapped to each other) and show them in one view; Ctrl-C stops them all."""
-    from sapo_node.swarm import Passthrough, SwarmError, run_swarm
+    from sapo_node.local_swarm import Passthrough, SwarmError, run_swarm
 
     load_with_flags(  # a bad option or config file: one usage error here, not N in the logs
         config,
@@ -188,7 +188,7 @@ def plot(
     window: Annotated[int, typer.Option(min=1, help="Moving-average window in rounds.")] = 10,
 ) -> None:
     """Turn a metrics file into PNG curves (reward with a moving average, cumulative reward)."""
-    from sapo_node.plot import plot_metrics
+    from sapo_node.ops.plot import plot_metrics
 
     try:
         paths = plot_metrics(metrics, out or metrics.parent, window)
@@ -228,7 +228,7 @@ def evaluate_cmd(
     from sapo_node.checkpoint import CheckpointError
     from sapo_node.evaluate import evaluate_checkpoint
     from sapo_node.logs import configure_logging
-    from sapo_node.policy import ModelLoadError
+    from sapo_node.train.policy import ModelLoadError
 
     configure_logging(cfg.node.json_logs)
     try:
@@ -302,10 +302,10 @@ def experiment(
         return
     from sapo_node.checkpoint import CheckpointError
     from sapo_node.datadir import DataDirInUse
-    from sapo_node.lifecycle import on_signals
-    from sapo_node.policy import ModelLoadError
-    from sapo_node.pool import PoolError
+    from sapo_node.intake.pool import PoolError
+    from sapo_node.ops.lifecycle import on_signals
     from sapo_node.tasks import ScorerUnavailable
+    from sapo_node.train.policy import ModelLoadError
 
     stop = threading.Event()
     on_signals(stop)
@@ -373,8 +373,8 @@ def share(
         bootstrap=bootstrap,
     )
     share_dir = data_dir or cfg.node.resolved_data_dir() / "share"
-    from sapo_node.lifecycle import NodeFailed, hold_data_dir, join_swarm
     from sapo_node.logs import configure_logging
+    from sapo_node.ops.lifecycle import NodeFailed, hold_data_dir, join_swarm
     from sapo_node.share import Checker, read_lines
     from sapo_node.share import share as share_lines
 
@@ -462,7 +462,7 @@ def show_pool(
     data_dir: Annotated[Path | None, typer.Option(help="The node's state directory.")] = None,
 ) -> None:
     """Print what the node's pool holds and, per peer, groups accepted and refused by reason."""
-    from sapo_node.pool import PoolError, summary
+    from sapo_node.intake.pool import PoolError, summary
 
     cfg = load_with_flags(config, data_dir=data_dir)
     try:
@@ -479,7 +479,7 @@ def show_status(
 ) -> None:
     """Ask the node running with this data directory how it is doing (exit 1 if none
     answers or it is unhealthy)."""
-    from sapo_node.status import StatusError, read_status, summary
+    from sapo_node.ops.status import StatusError, read_status, summary
 
     cfg = load_with_flags(config, data_dir=data_dir)
     try:
@@ -520,7 +520,7 @@ def export_cmd(
 ) -> None:
     """Write a checkpoint as a Hugging Face model directory (from_pretrained), or a LoRA
     node's adapter (PeftModel.from_pretrained; --merge for the merged model)."""
-    from sapo_node.export import ExportError, export_checkpoint, summary
+    from sapo_node.ops.export import ExportError, export_checkpoint, summary
 
     cfg = load_with_flags(config, data_dir=data_dir)
     try:
@@ -541,7 +541,7 @@ def doctor(options: NodeOptions) -> None:
     """Check this machine against a node's config (the same options as start): versions,
     torch's build, memory, disk, port, identity key, data directory. One line per check;
     exit 0 when none fails."""
-    from sapo_node.doctor import exit_code, run_checks
+    from sapo_node.ops.doctor import exit_code, run_checks
 
     checks = run_checks(options.node_config(), no_train=options.relay)
     for check in checks:

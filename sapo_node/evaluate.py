@@ -202,7 +202,7 @@ def evaluate_checkpoint(config: Config, checkpoint: Path | None = None) -> tuple
     with none in the data directory, the untrained model. Returns the report and what
     was evaluated. Reads only: a running node may hold the data directory meanwhile."""
     from sapo_node.checkpoint import CheckpointError, CheckpointStore
-    from sapo_node.policy import load_policy
+    from sapo_node.train.policy import load_policy
 
     data_dir = config.node.resolved_data_dir()
     m = config.model

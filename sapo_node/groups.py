@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sapo_node import grpo
-from sapo_node.pool import PooledGroup
+from sapo_node.intake.pool import PooledGroup
 from sapo_node.tasks import Task
-from sapo_node.trainer import Sample
+from sapo_node.train import grpo
+from sapo_node.train.trainer import Sample
 
 
 @dataclass

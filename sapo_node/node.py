@@ -2,7 +2,7 @@
 
 Every round r the node
   1. takes up to J groups from the pool of what peers shared (decoded strictly,
-     regenerated and scored by this node's own verifier when they arrived: intake.py),
+     regenerated and scored by this node's own verifier when they arrived: intake/checks.py),
   2. samples I + (J - taken) tasks of its own from its curriculum,
   3. generates L completions per task in batched calls,
   4. scores them with its own verifier in a sandboxed worker,
@@ -24,7 +24,7 @@ Departures from the paper, and why:
   does not rescale the step (``groups.TrainingSet``).
 - A peer's completion is trained as this node would have written it: re-tokenised, cut
   to this node's token limit, closed with its end-of-turn token only if the peer says it
-  finished, and scored as cut (intake.py), so its reward is earned by what is trained.
+  finished, and scored as cut (intake/checks.py), so its reward is earned by what is trained.
 - A curriculum moves each family's difficulty (the paper fixed it): the small models
   this daemon targets get no reward at all at ReasoningGym's default difficulty.
 - Seeds derive from (node seed, round), so a resumed node replays the same stream.
@@ -42,26 +42,26 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import structlog
 import torch
 
-from sapo_node import __version__, peerstate, wire
+from sapo_node import __version__
 from sapo_node.checkpoint import CheckpointError, CheckpointStore
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
-from sapo_node.datadir import lock_data_dir, node_seed
-from sapo_node.defence import Defence, bare_answer, cut_after_answer
 from sapo_node.evaluate import EvalReport, evaluate
 from sapo_node.groups import Group, training_set
-from sapo_node.intake import Intake, Verdict
+from sapo_node.intake import wire
+from sapo_node.intake.checks import Intake, Verdict
+from sapo_node.intake.defence import Defence, bare_answer, cut_after_answer
+from sapo_node.intake.demand import Mix, choose_external
+from sapo_node.intake.pool import Pool, PooledGroup
 from sapo_node.metrics import MetricsLog
-from sapo_node.mix import Mix, choose_external
 from sapo_node.net import NetStats, Transport
-from sapo_node.policy import Policy, load_policy
-from sapo_node.pool import Pool, PooledGroup
 from sapo_node.record import age_record, log_round, round_record
 from sapo_node.tasks import (
     Scorer,
@@ -71,7 +71,8 @@ from sapo_node.tasks import (
     generator_of,
     make_task,
 )
-from sapo_node.trainer import Trainer, TrainStats
+from sapo_node.train.policy import Completion, Policy
+from sapo_node.train.trainer import Trainer, TrainStats
 
 log = structlog.get_logger(__name__)
 
@@ -134,91 +135,49 @@ class Timer:
         return cpu + self.seconds.get("score", 0.0) + self.seconds.get("intake", 0.0)
 
 
+@dataclass
+class Parts:
+    """What a node is made of; ``Node`` drives them round by round."""
+
+    data_dir: Path
+    lock: IO[str]
+    seed: int
+    policy: Policy
+    scorer: Scorer
+    curriculum: Curriculum
+    trainer: Trainer | None  # None for a generating member (train.enabled = false)
+    pool: Pool
+    defence: Defence | None
+    intake: Intake
+    metrics: MetricsLog
+    store: CheckpointStore
+
+
 class Node:
     """A node: policy, tasks, scorer, trainer, pool and state, driven round by round."""
 
     def __init__(
         self,
         config: Config,
+        parts: Parts,
         *,
         stop: threading.Event | None = None,
         transport: Transport | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``clock``: seconds now for the pool's ages, the defence's deadlines and the
-        creation time of shared groups (an experiment passes a clock of its rounds)."""
+        """A node of ``parts`` made from ``config`` (``build.build_node`` makes both)."""
         self.config = config
         self.clock = clock
         self.stop = stop or threading.Event()
-        self.data_dir = config.node.resolved_data_dir()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = lock_data_dir(self.data_dir)
-        self.seed = node_seed(self.data_dir, config.node.seed)
-        if config.node.threads:
-            torch.set_num_threads(config.node.threads)
-        m = config.model
-        self.policy: Policy = load_policy(
-            m.name,
-            device=config.node.device,
-            dtype=m.dtype,
-            lora=m.lora,
-            cache_dir=self.data_dir / "models",
-            gradient_checkpointing=m.gradient_checkpointing,
-        )
-        sc = config.scoring
-        self.scorer = Scorer(
-            reward=config.tasks.reward,
-            correct_threshold=config.tasks.correct_threshold,
-            max_completion_chars=sc.max_completion_chars,
-            timeout_s=sc.timeout_s,
-            memory_mb=sc.memory_mb,
-        )
-        self.curriculum = Curriculum(config.tasks.families, config.curriculum)
-        g = config.generation
-        self.trains = config.train.enabled
-        self.trainer: Trainer | None = None
-        if self.trains:
-            self.trainer = Trainer(
-                self.policy,
-                config.train,
-                g.max_new_tokens,
-                g.temperature,
-                top_p=g.top_p,
-                top_k=g.top_k,
-            )
-        else:  # a generating member: its weights are the model's, for good
-            self.policy.model.requires_grad_(False)
-        self.pool = Pool.from_config(
-            self.data_dir / "pool.sqlite3",
-            config.pool,
-            clock=clock,
-            round_clock=lambda: self.round,
-        )
-        self.defence: Defence | None = None
-        if self.trainer is not None and config.defence.enabled:
-            self.defence = Defence(
-                config.defence,
-                self.trainer.completion_ranks,
-                self.pool.record,
-                spans=self.policy.token_spans,
-                state_path=self.data_dir / peerstate.DEFENCE_FILE,
-                clock=clock,
-            )
-        self.intake = Intake(
-            self.pool,
-            self.scorer,
-            known_configs=self.curriculum.known_configs(),
-            accept_unregenerable=config.pool.accept_unregenerable,
-            max_clock_skew_s=config.pool.max_clock_skew_s,
-            prepare=lambda text, finished: self._prepare(text, finished).text,
-            distrusted=self.defence.distrusted if self.defence else None,
-        )
+        self.data_dir, self._lock, self.seed = parts.data_dir, parts.lock, parts.seed
+        self.policy, self.scorer, self.curriculum = parts.policy, parts.scorer, parts.curriculum
+        self.trainer, self.trains = parts.trainer, parts.trainer is not None
+        self.pool, self.defence, self.intake = parts.pool, parts.defence, parts.intake
+        self.metrics, self.store = parts.metrics, parts.store
         self.transport = transport
         self._net_before = NetStats()
         self._outcomes_before: Counter[str] = Counter()
         self._outcomes_before = self._pool_outcomes()
-        self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
-        self.store = CheckpointStore(self.data_dir, keep=config.node.keep_checkpoints)
         self.round = 0
         self.cumulative_reward = 0.0
         self.mix = Mix()  # own groups' signal and per-family reward: J and the need
@@ -531,19 +490,6 @@ class Node:
         name = self.config.model.name
         return Path(name).name if Path(name).is_dir() else name
 
-    def _prepare(self, text: str, finished: bool):
-        """A peer's completion as this node trains it (the intake scores its text): with
-        ``train.external_use = "answers"`` only its last answer in its tags; else, with
-        defences on, cut after its last answer (defence.py); then in this node's tokens."""
-        d = self.config.defence
-        if self.config.train.external_use == "answers":
-            text, finished = bare_answer(text), True
-        elif d.enabled and d.cut_after_answer:
-            cut = cut_after_answer(text)
-            finished = finished or cut != text
-            text = cut
-        return self.policy.encode_completion(text, finished, self.config.generation.max_new_tokens)
-
     def _as_group(self, pooled: PooledGroup) -> Group:
         """A peer's group in this node's own tokenizer and chat template (its question was
         checked against our own regeneration when it arrived, and its completions were
@@ -552,7 +498,7 @@ class Node:
         task = Task(pooled.group.ref, pooled.group.question, None)
         prompt = self.policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
         done = [
-            self._prepare(c, f)
+            prepare_completion(self.config, self.policy, c, f)
             for c, f in zip(pooled.group.completions, pooled.group.finished, strict=True)
         ]
         return Group(
@@ -670,6 +616,21 @@ class Node:
         self.pool.close()
         with contextlib.suppress(OSError):
             self._lock.close()
+
+
+def prepare_completion(config: Config, policy: Policy, text: str, finished: bool) -> Completion:
+    """A peer's completion as this node trains it (the intake scores its text): with
+    ``train.external_use = "answers"`` only its last answer in its tags; else, with
+    defences on, cut after its last answer (intake/defence.py); then in this node's
+    tokens, cut to its token limit."""
+    d = config.defence
+    if config.train.external_use == "answers":
+        text, finished = bare_answer(text), True
+    elif d.enabled and d.cut_after_answer:
+        cut = cut_after_answer(text)
+        finished = finished or cut != text
+        text = cut
+    return policy.encode_completion(text, finished, config.generation.max_new_tokens)
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:

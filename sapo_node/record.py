@@ -16,7 +16,7 @@ from sapo_node.metrics import peak_gpu_mb, peak_rss_mb
 from sapo_node.tasks import extract_answer
 
 if TYPE_CHECKING:
-    from sapo_node.trainer import TrainStats
+    from sapo_node.train.trainer import TrainStats
 
 log = structlog.get_logger("sapo_node.node")
 

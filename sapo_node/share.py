@@ -12,7 +12,7 @@ from JSON Lines, one group per line (docs/share.md has the format with examples)
 
 Every line is checked exactly as a receiver checks a peer's message: it is encoded as
 the wire message it will be (wire.py), then decoded and put through the receiver's
-intake (intake.py) on a private pool: form and sizes, time, a family and config this
+intake (intake/checks.py) on a private pool: form and sizes, time, a family and config this
 node's curriculum sets, the task regenerated from its reference and its question
 compared, every completion scored by the verifier in the sandbox. A line that fails is
 refused with its line number and the receiver's reason; a line that passes is sent as
@@ -34,17 +34,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from sapo_node import wire
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
-from sapo_node.intake import (
+from sapo_node.intake import wire
+from sapo_node.intake.checks import (
     CANNOT_REGENERATE,
     QUESTION_MISMATCH,
     UNKNOWN_CONFIG,
     UNKNOWN_FAMILY,
     Intake,
 )
-from sapo_node.pool import Pool
+from sapo_node.intake.pool import Pool
 from sapo_node.tasks import Scorer, TaskRef, canonical_json, generator_of, make_task
 
 LINE_FIELDS = {"task", "completions", "finished", "model", "question"}
@@ -54,7 +54,7 @@ MAX_LINE_BYTES = wire.MAX_MESSAGE_BYTES  # a longer line cannot become a valid m
 LINGER_S = 2.0  # after the last publish: GossipSub writes to peers' streams after it returns
 SKIP_CHUNK = 64 * 1024  # the rest of a line too long is read and dropped this much at a time
 
-# Reasons found before the message exists (the rest are wire.py's and intake.py's).
+# Reasons found before the message exists (the rest are wire.py's and intake/checks.py's).
 BAD_JSON = "bad_json"
 BAD_LINE = "bad_line"
 BAD_TASK = "bad_task"

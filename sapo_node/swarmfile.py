@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sapo_node.intake.wire import MAX_SHARDS, PROTOCOL_VERSION
 from sapo_node.net.dnsaddr import parse
 from sapo_node.options import (
     SWARM_NAME,
@@ -42,7 +43,6 @@ from sapo_node.options import (
     _deep_merge,
     _describe,
 )
-from sapo_node.wire import MAX_SHARDS, PROTOCOL_VERSION
 
 # What [swarm] and [tasks] say, which [recommended] may not say again, differently.
 _NOT_RECOMMENDED = {

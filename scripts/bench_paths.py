@@ -150,7 +150,7 @@ def relative_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 def generation_runs(policy, prompts, gen, new_tokens):
     """run(switches) -> {"s", "tok_s", "peak_mib", "faults"}: one forced-length generation."""
-    from sapo_node import decode
+    from sapo_node.train import decode
 
     n = gen.completions_per_task
     sampling = decode.Sampling(gen.temperature, gen.top_k, gen.top_p)
@@ -184,7 +184,7 @@ def generation_runs(policy, prompts, gen, new_tokens):
 def greedy_logits(policy, prompts, steps, **switches) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy decoding of 2 completions a prompt: the tokens of every row and the logits
     [rows, vocabulary] of every step (decode.sample_next wrapped)."""
-    from sapo_node import decode
+    from sapo_node.train import decode
 
     seen: list[torch.Tensor] = []
     real = decode.sample_next
@@ -271,9 +271,9 @@ def timed(fn: Callable[[], object]) -> dict:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from sapo_node.lifecycle import cap_kernel_caches, fix_mmap_threshold
-    from sapo_node.optim import CompactAdam
-    from sapo_node.trainer import Trainer
+    from sapo_node.ops.lifecycle import cap_kernel_caches, fix_mmap_threshold
+    from sapo_node.train.optim import CompactAdam
+    from sapo_node.train.trainer import Trainer
 
     cap_kernel_caches()  # as a node's program does, before any product
     fix_mmap_threshold()
@@ -487,7 +487,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def _packs(policy) -> bool:
-    from sapo_node.policy import packs_linear_weights
+    from sapo_node.train.policy import packs_linear_weights
 
     return policy.device.type == "cpu" and packs_linear_weights(policy.dtype)
 

@@ -20,7 +20,7 @@ Prints, in one process:
      quotas and expiry act).
 
 DIR for --model-cache is a node's ``models`` directory (data_dir/models), as made by
-sapo_node.policy on a first start.
+sapo_node.train.policy on a first start.
 
 Usage: python scripts/bench_pool.py [--model-cache DIR] [--generate-s S] [--intake-groups N]
 """
@@ -38,8 +38,15 @@ from typing import Any
 
 import msgpack
 
-from sapo_node import wire
-from sapo_node.pool import POLICIES, Candidate, Pool, PooledGroup, group_digest, reward_spread
+from sapo_node.intake import wire
+from sapo_node.intake.pool import (
+    POLICIES,
+    Candidate,
+    Pool,
+    PooledGroup,
+    group_digest,
+    reward_spread,
+)
 from sapo_node.tasks import PAPER_FAMILIES, TaskRef, generator_of, make_task
 
 # Round 1's generate time in docs/benchmarks.md ("Generation path and round overhead").
@@ -162,10 +169,10 @@ def bench_decode(messages: list[bytes]) -> dict[str, float]:
 def bench_intake(n: int, rng: random.Random) -> dict[str, float]:
     """Two passes of n/2 distinct groups each (best pass reported); returns seconds per
     group in all and in the pool's check and add."""
-    from sapo_node import intake as intake_module
     from sapo_node.config import load_config
     from sapo_node.curriculum import Curriculum
-    from sapo_node.intake import Intake
+    from sapo_node.intake import checks as intake_module
+    from sapo_node.intake.checks import Intake
     from sapo_node.tasks import Scorer
 
     seeds = list(range(101, 111))
@@ -299,7 +306,7 @@ def round_generator(cache: Path) -> Callable[[int], float] | None:
     """A function that times one default round's generate (round r's tasks) on the
     embedded model; None when ``cache`` holds no safetensors copy (this script never
     de-quantises)."""
-    from sapo_node.policy import EMBEDDED_CACHE
+    from sapo_node.train.policy import EMBEDDED_CACHE
 
     if (cache / EMBEDDED_CACHE / "model.safetensors").is_file():
         cache_dir = cache
@@ -309,8 +316,8 @@ def round_generator(cache: Path) -> Callable[[int], float] | None:
         return None
     from sapo_node.config import load_config
     from sapo_node.curriculum import Curriculum
-    from sapo_node.policy import load_policy
     from sapo_node.tasks import build_messages
+    from sapo_node.train.policy import load_policy
 
     cfg = load_config(environ={})
     policy = load_policy(

@@ -2,7 +2,7 @@
 
 Prints, for the same batch on the same machine, in one process, interleaved:
   1. generation (the default shape: 4 tasks x 8 completions, the real task prompts):
-     tokens/s of the node's path (``sapo_node.decode``: each prompt prefilled once, its
+     tokens/s of the node's path (``sapo_node.train.decode``: each prompt prefilled once, its
      cache shared by its completions, a lean decode loop, on the weights' copy in the
      compute dtype, ``Policy.compute_weights``) against plain ``model.generate`` on every
      row left-padded in float32 (the node's path before issue 10) and, where the node
@@ -29,7 +29,7 @@ Prints, for the same batch on the same machine, in one process, interleaved:
      samples, completions cut to 5-64 tokens, a fixed random sequence) and prints after
      each: seconds, resident and peak RSS, and glibc's heap (in use, free but kept). Set
      ``MALLOC_MMAP_THRESHOLD_`` to compare allocator settings (the node's own is 128 KiB,
-     ``sapo_node.lifecycle.fix_mmap_threshold``). With ``--compare-threshold BYTES`` each
+     ``sapo_node.ops.lifecycle.fix_mmap_threshold``). With ``--compare-threshold BYTES`` each
      step is instead a generation of the default shape and a training step, run once with
      the node's threshold and once with BYTES, in alternating order; it prints tokens/s
      (each run trains, so the generations differ) and training seconds (speed only:
@@ -79,8 +79,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from sapo_node.lifecycle import cap_kernel_caches
     from sapo_node.logs import configure_logging
+    from sapo_node.ops.lifecycle import cap_kernel_caches
 
     configure_logging()
     cap_kernel_caches()  # as a node's program does, before any matrix product
@@ -102,8 +102,8 @@ def _default_prompts(args: argparse.Namespace):
     """The default config, the embedded model, and the chat prompts of 4 real tasks."""
     from sapo_node.config import load_config
     from sapo_node.curriculum import Curriculum
-    from sapo_node.policy import load_policy
     from sapo_node.tasks import build_messages, make_task
+    from sapo_node.train.policy import load_policy
 
     lora = {"SAPO_MODEL__LORA__ENABLED": "true"} if getattr(args, "lora", False) else {}
     # SAPO_* variables in the environment change the config, as they do a node's.
@@ -131,7 +131,7 @@ def _default_prompts(args: argparse.Namespace):
 
 def measure_generation(args: argparse.Namespace) -> None:
     """Generation: the node's path (decode.py) against plain generate and the GEMM bound."""
-    from sapo_node import decode
+    from sapo_node.train import decode
 
     cfg, policy, prompts = _default_prompts(args)
     gen = cfg.generation
@@ -326,7 +326,7 @@ def _profile_decode_step(model, prompts: list[list[int]], n: int) -> None:
     """Where a decode step's time goes (torch.profiler over 16 steps of decode.sample)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from sapo_node import decode
+    from sapo_node.train import decode
 
     def run(steps: int) -> None:
         decode.sample(
@@ -357,8 +357,8 @@ def _profile_decode_step(model, prompts: list[list[int]], n: int) -> None:
 
 
 def measure_rounds(args: argparse.Namespace) -> None:
+    from sapo_node.build import build_node
     from sapo_node.config import load_config
-    from sapo_node.node import Node
 
     run_dir = args.data_dir / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -377,10 +377,10 @@ def measure_rounds(args: argparse.Namespace) -> None:
         },
         environ={},
     )
-    from sapo_node.lifecycle import fix_mmap_threshold
+    from sapo_node.ops.lifecycle import fix_mmap_threshold
 
     fix_mmap_threshold()  # as `sapo-node start` does
-    node = Node(node_cfg)
+    node = build_node(node_cfg)
     try:
         node.run()
     finally:
@@ -418,8 +418,8 @@ def _training_setup(args: argparse.Namespace):
     Completions are random ordinary tokens of 18-42 tokens (~30, like real ones); the
     advantages are those of random 0/1 rewards, so every group has signal.
     """
-    from sapo_node import grpo
-    from sapo_node.trainer import Sample
+    from sapo_node.train import grpo
+    from sapo_node.train.trainer import Sample
 
     cfg, policy, prompts = _default_prompts(args)
     g = torch.Generator().manual_seed(0)
@@ -445,7 +445,7 @@ def previous_optimizer(params, settings) -> torch.optim.Optimizer:
 
 def measure_training(args: argparse.Namespace) -> None:
     _repo_on_path()
-    from sapo_node.trainer import Trainer
+    from sapo_node.train.trainer import Trainer
     from tests.support.unshared import unshared_backward
 
     cfg, policy, samples = _training_setup(args)
@@ -576,8 +576,8 @@ def measure_training_rss(args: argparse.Namespace) -> None:
     import resource
 
     _repo_on_path()
-    from sapo_node.lifecycle import fix_mmap_threshold
-    from sapo_node.trainer import Trainer
+    from sapo_node.ops.lifecycle import fix_mmap_threshold
+    from sapo_node.train.trainer import Trainer
     from tests.support.unshared import unshared_backward
 
     fix_mmap_threshold()  # the allocator as a node sets it
@@ -605,8 +605,8 @@ def measure_heap(args: argparse.Namespace) -> None:
     import random
     import resource
 
-    from sapo_node.lifecycle import fix_mmap_threshold
-    from sapo_node.trainer import Sample, Trainer
+    from sapo_node.ops.lifecycle import fix_mmap_threshold
+    from sapo_node.train.trainer import Sample, Trainer
 
     fix_mmap_threshold()  # what a node does, unless MALLOC_MMAP_THRESHOLD_ is set
     cfg, policy, samples = _training_setup(args)
@@ -642,7 +642,7 @@ def _compare_thresholds(args, cfg, policy, trainer, samples, batches) -> None:
     """Generation tokens/s and training seconds under two mmap thresholds, interleaved."""
     import ctypes
 
-    from sapo_node.lifecycle import MMAP_THRESHOLD
+    from sapo_node.ops.lifecycle import MMAP_THRESHOLD
 
     mallopt = ctypes.CDLL("libc.so.6").mallopt
     prompts = [list(p) for p in dict.fromkeys(tuple(x.prompt_ids) for x in samples)]  # the 4 tasks'

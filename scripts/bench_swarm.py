@@ -21,7 +21,7 @@ Prints, in one process:
   c. bytes on the wire per group (pubsub RPC bytes counted by the network processes, no
      Noise/yamux framing) against the message size times the receivers;
   d. the network's share of CPU while a node trains: the last node is replaced by one in
-     its own process that trains a tiny model with ``sapo_node.trainer`` back to back,
+     its own process that trains a tiny model with ``sapo_node.train.trainer`` back to back,
      first while the swarm is idle, then while every node publishes ``--train-groups``
      groups every ``--train-every-s``; CPU seconds (user + sys) of its network process
      against its own, training steps/s, and the gaps between its network process's
@@ -54,8 +54,8 @@ from typing import Any
 import msgpack
 import psutil
 
-from sapo_node import wire
 from sapo_node.config import NetSection, PoolSection
+from sapo_node.intake import wire
 from sapo_node.net.process import Libp2pTransport
 from sapo_node.tasks import TaskRef, generator_of
 
@@ -595,7 +595,7 @@ def train_for(
 
 
 def trainer_main(conn: Any, settings: dict[str, Any]) -> None:
-    """The training node, in its own process: a tiny model and sapo_node.trainer, then a
+    """The training node, in its own process: a tiny model and sapo_node.train.trainer, then a
     transport; trains on the parent's word ("train", seconds, every_s, groups)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
@@ -603,8 +603,8 @@ def trainer_main(conn: Any, settings: dict[str, Any]) -> None:
 
     from sapo_node.config import LoraSection, TrainSection
     from sapo_node.logs import configure_logging
-    from sapo_node.policy import load_policy
-    from sapo_node.trainer import Sample, Trainer
+    from sapo_node.train.policy import load_policy
+    from sapo_node.train.trainer import Sample, Trainer
     from tests.support.tiny import build_tiny_model
 
     configure_logging()
@@ -729,7 +729,7 @@ def report_training(
     others: int,
 ) -> None:
     print(
-        f"d. one node training a {params / 1e6:.2f}M-parameter model (sapo_node.trainer, "
+        f"d. one node training a {params / 1e6:.2f}M-parameter model (sapo_node.train.trainer, "
         f"{sequences} sequences of 100 + 64 tokens a step); the other {others} nodes publish "
         f"{groups} groups every {every_s:g} s each when publishing (so does the trainer)"
     )

@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sapo_node.experiment.analysis import compute_seconds, conclusion  # noqa: E402
+from sapo_node.experiment.significance import sign_flip_p  # noqa: E402
 from sapo_node.experiment.spec import EvalLog  # noqa: E402
 from sapo_node.metrics import read_metrics  # noqa: E402
-from sapo_node.stats import sign_flip_p  # noqa: E402
 
 
 def cumulative(d: Path, nodes: int, rounds: int, key=lambda row: row["reward/mean"]):

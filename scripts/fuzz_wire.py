@@ -39,13 +39,13 @@ from typing import Any
 
 import msgpack
 
-from sapo_node import intake as intake_module
-from sapo_node import wire
 from sapo_node.config import load_config
 from sapo_node.curriculum import Curriculum
-from sapo_node.intake import Intake
+from sapo_node.intake import checks as intake_module
+from sapo_node.intake import wire
+from sapo_node.intake.checks import Intake
+from sapo_node.intake.pool import Pool
 from sapo_node.logs import configure_logging
-from sapo_node.pool import Pool
 from sapo_node.tasks import Scorer, generator_of, make_task
 
 VECTORS = Path(__file__).resolve().parents[1] / "protocol" / "vectors"

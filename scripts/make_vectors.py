@@ -3,7 +3,7 @@
 Each vector is a pair: NAME.msgpack (the exact bytes) and NAME.json (what they are).
 Valid vectors come from real ReasoningGym tasks regenerated from fixed references;
 invalid ones are edits of them, one or more per rejection reason. Every vector is
-checked against sapo_node.wire before anything is written.
+checked against sapo_node.intake.wire before anything is written.
 
 Usage: python scripts/make_vectors.py [--out DIR]   (default: protocol/vectors)
 """
@@ -20,9 +20,9 @@ from typing import Any
 
 import msgpack
 
-from sapo_node import wire
+from sapo_node.intake import wire
+from sapo_node.intake.wire import Rejection, RolloutGroup
 from sapo_node.tasks import TaskRef, canonical_json, generator_of, make_task
-from sapo_node.wire import Rejection, RolloutGroup
 
 REPO = Path(__file__).resolve().parents[1]
 CREATED_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -58,9 +58,9 @@ sys.path.insert(0, str(ROOT))
 
 from sapo_node import wire  # noqa: E402
 from sapo_node.config import Config, _deep_merge  # noqa: E402
-from sapo_node.defence import CHECKED  # noqa: E402
-from sapo_node.lifecycle import cap_kernel_caches, fix_mmap_threshold  # noqa: E402
+from sapo_node.intake.defence import CHECKED  # noqa: E402
 from sapo_node.net.memory import MemoryHub  # noqa: E402
+from sapo_node.ops.lifecycle import cap_kernel_caches, fix_mmap_threshold  # noqa: E402
 from tests.support.poison import DEFAULT_PAYLOAD, PoisonPeer, carries  # noqa: E402
 
 ATTACKER = "attacker"
@@ -167,7 +167,7 @@ class PayloadProbe:
     def __init__(self, config: Config, attacker: PoisonPeer, policy) -> None:
         from sapo_node.evaluate import heldout_refs
         from sapo_node.tasks import build_messages, make_task
-        from sapo_node.trainer import Sample
+        from sapo_node.train.trainer import Sample
 
         t, limit = config.tasks, config.generation.max_new_tokens
         self.samples = []
@@ -192,6 +192,7 @@ def payload_share(texts: list[str], payload: str) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from sapo_node.build import build_node
     from sapo_node.experiment import Deferred, _locked, _share_model_cache
     from sapo_node.experiment.runner import RoundClock
     from sapo_node.node import Node
@@ -233,7 +234,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             data_dir.mkdir(parents=True, exist_ok=True)
             _share_model_cache(args.out, data_dir)
             with _locked(args.out / ".models.lock"):
-                node = Node(config, transport=Deferred(hub.join(f"node-{i}")), clock=clock.now)
+                node = build_node(
+                    config, transport=Deferred(hub.join(f"node-{i}")), clock=clock.now
+                )
             nodes.append(node)
             names[f"node-{i}"] = i
 
@@ -341,7 +344,7 @@ def summarise(out: Path) -> dict[str, Any]:
     """The figures of docs/security.md, from what a run left in ``out`` (run.json,
     rounds.jsonl, evals.jsonl and the nodes' pools): payload rates, refusals by kind of
     author (the attacker, the honest nodes)."""
-    from sapo_node.pool import summary
+    from sapo_node.intake.pool import summary
 
     run = json.loads((out / "run.json").read_text())
     rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]

@@ -23,9 +23,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args()
 
+    from sapo_node.build import build_node
     from sapo_node.config import load_config
     from sapo_node.logs import configure_logging
-    from sapo_node.node import Node
     from sapo_node.tasks import make_task
 
     configure_logging()
@@ -35,7 +35,7 @@ def main() -> None:
             "node": {"data_dir": str(args.data_dir), "seed": args.seed},
             "generation": generation,
         }
-        node = Node(load_config(overrides=overrides, environ={}))
+        node = build_node(load_config(overrides=overrides, environ={}))
         try:
             rewards: list[float] = []
             groups_with_signal = groups = 0

@@ -40,9 +40,9 @@ FIXED = {"allow_parentheses": True, "allow_negation": False}
 
 def probe(spec_path: Path, setting: dict, groups: int, seed: int, data_dir: Path) -> dict:
     """Round 0 of one lone node on ``setting``: its metrics row."""
+    from sapo_node.build import build_node
     from sapo_node.config import Config, _deep_merge
     from sapo_node.experiment import load_spec, node_seed
-    from sapo_node.node import Node
 
     spec = load_spec(spec_path)
     family = {"name": "basic_arithmetic", "config": {**FIXED, **setting}, "levels": [{}]}
@@ -54,7 +54,7 @@ def probe(spec_path: Path, setting: dict, groups: int, seed: int, data_dir: Path
         "net": {"enabled": False},
         "defence": {"enabled": False},
     }
-    node = Node(Config.model_validate(_deep_merge(spec.base, forced)))
+    node = build_node(Config.model_validate(_deep_merge(spec.base, forced)))
     try:
         return node.run_round(0)
     finally:

@@ -100,9 +100,9 @@ if str(REPO) not in sys.path:
 
 from sapo_node import wire  # noqa: E402
 from sapo_node.config import PoolSection  # noqa: E402
+from sapo_node.intake.pool import PoolError, summary  # noqa: E402
 from sapo_node.metrics import upgrade  # noqa: E402
 from sapo_node.net import identity  # noqa: E402
-from sapo_node.pool import PoolError, summary  # noqa: E402
 from tests.support.mdns_pair import lo_up  # noqa: E402
 from tests.support.nat_swarm import Netns  # noqa: E402
 from tests.support.partition import RESET  # noqa: E402

@@ -49,7 +49,7 @@ def tiny_policy(tiny_model_dir: Path):
     import torch
 
     from sapo_node.config import LoraSection
-    from sapo_node.policy import load_policy
+    from sapo_node.train.policy import load_policy
 
     torch.manual_seed(0)
     return load_policy(

@@ -8,8 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sapo_node.experiment.significance import (
+    bootstrap_interval,
+    sign_flip_p,
+    smallest_p,
+    wilson_interval,
+)
 from sapo_node.experiment.spec import EvalLog, ExperimentSpec, arms, node_seed
-from sapo_node.stats import bootstrap_interval, sign_flip_p, smallest_p, wilson_interval
 
 
 def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], rounds: int):
@@ -641,7 +646,7 @@ def plot_results(results: dict[str, Any], out: Path, window: int) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sapo_node.plot import moving_average
+    from sapo_node.ops.plot import moving_average
 
     written = []
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -28,7 +28,7 @@ from sapo_node.experiment.spec import (
     node_config,
     node_seed,
 )
-from sapo_node.lifecycle import cap_kernel_caches, fix_mmap_threshold
+from sapo_node.ops.lifecycle import cap_kernel_caches, fix_mmap_threshold
 
 log = structlog.get_logger(__name__)
 
@@ -203,6 +203,7 @@ class SolverMember:
 
 
 def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> bool:
+    from sapo_node.build import build_node
     from sapo_node.net.memory import MemoryHub
     from sapo_node.node import Node, Stopped
 
@@ -230,7 +231,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
             data_dir.mkdir(parents=True, exist_ok=True)
             _share_model_cache(out, data_dir)
             with _locked(out / ".models.lock"):  # one de-quantises, the others reuse it
-                node = Node(
+                node = build_node(
                     config,
                     stop=stop,
                     transport=Deferred(hub.join(f"node-{i}")),

@@ -26,7 +26,7 @@ from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
-from sapo_node import wire
+from sapo_node.intake import wire
 from sapo_node.net import (
     dnsaddr,
     patches,

@@ -41,8 +41,8 @@ from typing import Any
 
 import structlog
 
-from sapo_node import peerstate, wire
 from sapo_node.config import NetSection, PoolSection
+from sapo_node.intake import peerstate, wire
 from sapo_node.net import Inbox, NetError, NetStats, Received, count_refusal, identity, ipc
 
 log = structlog.get_logger("sapo_node.net")

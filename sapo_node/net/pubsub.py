@@ -26,14 +26,14 @@ from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
 
-from sapo_node import peerstate, wire
+from sapo_node.intake import peerstate, wire
+from sapo_node.intake.pool import RateLimiter
 from sapo_node.net import (
     count_refusal,
     patches,
 )
 from sapo_node.net.patches import OUTBOUND_QUEUE
 from sapo_node.net.state import COUNTERS
-from sapo_node.pool import RateLimiter
 
 log = structlog.get_logger("sapo_node.net")
 

@@ -4,7 +4,7 @@ Every field carries a docstring (its ``description``) and bounds; cross-field ch
 say why a combination is refused. ``configs/default.toml`` mirrors the defaults here
 (a test keeps them equal), so ``sapo-node start`` with no file runs the default config.
 The sections are split by concern: a node's own work (``training.py``), its life among
-peers (``swarm.py``), and what they share (``base.py``).
+peers (``local_swarm.py``), and what they share (``base.py``).
 """
 
 from __future__ import annotations

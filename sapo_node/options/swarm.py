@@ -30,7 +30,7 @@ class PoolSection(_Section):
         "uniform: any group; balanced: groups with signal, spread across authors and "
         "families, mixed rewards favoured; teaching: groups with signal, spread across "
         "authors, weighted by reward variance times this node's own recent failure rate "
-        "on the family (sapo_node/pool.py; measured against paper: no gain, "
+        "on the family (sapo_node/intake/pool.py; measured against paper: no gain, "
         "docs/results/teaching-cpu/).",
     )
     max_groups: int = Field(4096, ge=1, le=10_000_000, description="Most groups held.")
@@ -62,7 +62,7 @@ class PoolSection(_Section):
 
 
 class DefenceSection(_Section):
-    """Checks of peers' completions against poisoning (sapo_node/defence.py): right answers
+    """Checks of peers' completions against poisoning (sapo_node/intake/defence.py): right answers
     that carry extra text. Only completions with a positive advantage are checked."""
 
     enabled: bool = Field(True, description="Run the checks below (false: none of them).")

@@ -308,7 +308,8 @@ class TrainSection(_Section):
         description="Unset: J is external_groups every round. A number: J is chosen each "
         "round between 0 and it, I + J staying local_groups + external_groups, from the "
         "moving share of this node's own groups with signal: fewer with signal, more from "
-        "the swarm (sapo_node/mix.py). A node alone takes none, as with J = 0. Measured: no "
+        "the swarm (sapo_node/intake/demand.py). A node alone takes none, as with J = 0. "
+        "Measured: no "
         "gain over a fixed J (docs/results/teaching-cpu/).",
     )
     external_use: Literal["text", "answers", "tasks"] = Field(
@@ -325,7 +326,7 @@ class TrainSection(_Section):
     optimizer_state: Literal["bfloat16", "float32"] = Field(
         "bfloat16",
         description="Storage of Adam's two moments: bfloat16, stochastically rounded, halves "
-        "the optimiser's memory (sapo_node/optim.py; docs/benchmarks.md); "
+        "the optimiser's memory (sapo_node/train/optim.py; docs/benchmarks.md); "
         "float32: torch's fused Adam(W).",
     )
     lr: float = Field(1e-5, gt=0.0, le=1.0, description="Learning rate.")

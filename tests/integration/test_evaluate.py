@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sapo_node.build import build_node
 from sapo_node.cli import main
 from sapo_node.config import load_config
 from sapo_node.evaluate import EVAL_SEED_BASE, heldout_refs
-from sapo_node.node import Node
 from tests.support.nodes import sevens_overrides
 
 
@@ -27,7 +27,7 @@ def test_node_records_eval_every_n_rounds_and_cli_evaluates_its_checkpoint(
         eval={"every": 2, "tasks": 3, "samples": 2},
         train={"local_groups": 1, "external_groups": 0},
     )
-    node = Node(cfg)
+    node = build_node(cfg)
     try:
         assert node.run() == 2
     finally:

@@ -188,7 +188,7 @@ def test_a_solver_member_shares_checked_groups_that_the_nodes_train_on(
     out = tmp_path / "out"
     assert run_experiment(spec, out, only=["2/2", "2/2 solver 0.5"])
 
-    from sapo_node.pool import Pool
+    from sapo_node.intake.pool import Pool
 
     solver_dir = out / "2-2-solver-0.5"
     for i in range(2):

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from sapo_node.build import build_node
 from sapo_node.cli import main
 from sapo_node.config import load_config
-from sapo_node.export import ExportError, check_out_dir, find_checkpoint
 from sapo_node.node import Node
+from sapo_node.ops.export import ExportError, check_out_dir, find_checkpoint
 from tests.support.nodes import sevens_overrides
 
 
@@ -38,7 +39,7 @@ def _trained_node(model_dir: Path, data_dir: Path, *, lora: bool) -> Node:
         model={"dtype": "float32", "lora": {"enabled": lora, "r": 4, "alpha": 8.0}},
         train={"lr": 3e-2, "local_groups": 2, "external_groups": 0},
     )
-    node = Node(load_config(overrides=overrides, environ={}))
+    node = build_node(load_config(overrides=overrides, environ={}))
     try:
         node.run()
     finally:
@@ -255,7 +256,7 @@ def test_a_model_cached_from_gguf_exports_as_a_plain_one(
 
     from sapo_node.checkpoint import CheckpointStore
     from sapo_node.config import LoraSection
-    from sapo_node.policy import load_policy
+    from sapo_node.train.policy import load_policy
 
     model_dir = tmp_path / "from-gguf"
     shutil.copytree(tiny_model_dir, model_dir)

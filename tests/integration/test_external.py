@@ -10,8 +10,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from sapo_node import wire
+from sapo_node.build import build_node
 from sapo_node.config import load_config
+from sapo_node.intake import wire
 from sapo_node.net.memory import MemoryHub
 from sapo_node.node import Node
 from sapo_node.tasks import TaskRef, generator_of, make_task
@@ -30,7 +31,7 @@ def _node(model_dir: Path, data_dir: Path, seed: int, local: int, external: int,
         # one peer fills all J here (test_defence caps it)
         defence={"max_author_share": 1.0, **defence},
     )
-    return Node(load_config(overrides=overrides, environ={}))
+    return build_node(load_config(overrides=overrides, environ={}))
 
 
 @pytest.fixture()
@@ -177,7 +178,7 @@ def test_unregenerable_custom_tasks_are_ignored_unless_configured(
         tasks={"families": [{"name": SEVENS}, {"name": PRIVATE, "weight": 1e-9}]},
         pool={"accept_unregenerable": accept},
     )
-    node = Node(load_config(overrides=overrides, environ={}))
+    node = build_node(load_config(overrides=overrides, environ={}))
     try:
         foreign = dataclasses.replace(
             _shared(0, ("42", "41", " 42 ", "x")),
@@ -242,7 +243,7 @@ def test_publish_choice_signal_shares_only_groups_with_signal(
         train={"local_groups": 4, "external_groups": 0},
         net={"publish": "signal"},
     )
-    node = Node(load_config(overrides=overrides, environ={}))
+    node = build_node(load_config(overrides=overrides, environ={}))
     hub = MemoryHub()
     node.transport, listener = hub.join("n"), hub.join("l")
     try:  # a round with groups of both kinds: some shared, some held back
@@ -372,8 +373,8 @@ def test_every_peer_group_is_accounted_for_by_outcome(receiver: Node) -> None:
     """Issue 33: a group too old on arrival (``too_old``), a duplicate and a pooled group
     that aged out unused (``expired``) are counted apart, per peer (``sapo-node pool``,
     ``/metrics``) and per round (``peer_groups/<outcome>``)."""
-    from sapo_node.prometheus import metric_families
-    from sapo_node.status import Status
+    from sapo_node.ops.prometheus import metric_families
+    from sapo_node.ops.status import Status
 
     fresh = _shared(31, ("777", "x", "y", "z"))
     assert _send(receiver, _created(fresh, -400.0)) == "too_old"
@@ -405,7 +406,9 @@ def _use(model_dir: Path, data_dir: Path, use: str) -> Node:
         train={"lr": 1e-3, "local_groups": 2, "external_groups": 2, "external_use": use},
         defence={"max_author_share": 1.0},
     )
-    return Node(load_config(overrides=overrides, environ={}), transport=MemoryHub().join("me"))
+    return build_node(
+        load_config(overrides=overrides, environ={}), transport=MemoryHub().join("me")
+    )
 
 
 def test_with_external_use_tasks_a_node_trains_only_its_own_text_on_peers_tasks(
@@ -473,7 +476,7 @@ def test_a_node_that_takes_nothing_from_peers_does_not_check_their_messages(
     )
     hub = MemoryHub()
     peer = hub.join("peer")
-    node = Node(load_config(overrides=overrides, environ={}), transport=hub.join("me"))
+    node = build_node(load_config(overrides=overrides, environ={}), transport=hub.join("me"))
     try:
         peer.publish(wire.encode(_shared(32, ("777", "abc", "7a7", "xyz"))))
         record = node.run_round(0)

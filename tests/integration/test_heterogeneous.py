@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sapo_node.build import build_node
 from sapo_node.config import load_config
 from sapo_node.net.memory import MemoryHub
 from sapo_node.node import Node
@@ -35,7 +36,7 @@ def _node(model_dir: Path, data_dir: Path, seed: int) -> Node:
         train={"lr": 1e-2, "local_groups": 2, "external_groups": 2},
         pool={"sampling": "uniform"},
     )
-    return Node(load_config(overrides=overrides, environ={}))
+    return build_node(load_config(overrides=overrides, environ={}))
 
 
 def test_nodes_with_other_tokenizers_train_on_each_others_text(

@@ -14,9 +14,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from sapo_node import wire
+from sapo_node.build import build_node
 from sapo_node.config import load_config
-from sapo_node.node import Node
+from sapo_node.intake import wire
 from sapo_node.tasks import TaskRef, generator_of, make_task
 from tests.support.nodes import sevens_overrides
 
@@ -152,7 +152,7 @@ def node(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         {"name": "basic_arithmetic", "weight": 1e-9, "levels": [ARITHMETIC]},
         {"name": "binary_matrix", "weight": 1e-9, "levels": [MATRIX]},
     ]
-    n = Node(load_config(overrides=overrides, environ={}))
+    n = build_node(load_config(overrides=overrides, environ={}))
     yield n
     n.close()
 

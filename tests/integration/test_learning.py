@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sapo_node.build import build_node
 from sapo_node.config import load_config
-from sapo_node.node import Node
 from tests.support.nodes import sevens_overrides
 
 
@@ -27,7 +27,7 @@ def _config(model_dir: Path, data_dir: Path, rounds: int):
 
 
 def test_reward_rises_within_a_few_rounds(tiny_model_dir: Path, tmp_path: Path) -> None:
-    node = Node(_config(tiny_model_dir, tmp_path, rounds=12))
+    node = build_node(_config(tiny_model_dir, tmp_path, rounds=12))
     try:
         assert node.run() == 12
     finally:

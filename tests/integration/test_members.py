@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from sapo_node.build import build_node
 from sapo_node.checkpoint import CheckpointError
 from sapo_node.config import load_config
+from sapo_node.intake.pool import summary
 from sapo_node.net import identity
 from sapo_node.net.memory import MemoryHub
 from sapo_node.node import Node
-from sapo_node.pool import summary
 from sapo_node.share import line_of
 from sapo_node.tasks import TaskRef
 from tests.support.nodes import sevens_overrides
@@ -37,7 +38,7 @@ def _node(model_dir: Path, data_dir: Path, seed: int, *, trains: bool = True) ->
         train={"lr": 1e-2, "local_groups": 2, "external_groups": 2, "enabled": trains},
         pool={"sampling": "uniform"},
     )
-    return Node(load_config(overrides=overrides, environ={}))
+    return build_node(load_config(overrides=overrides, environ={}))
 
 
 def _weights(node: Node) -> dict[str, torch.Tensor]:

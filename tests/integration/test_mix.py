@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from sapo_node.build import build_node
 from sapo_node.config import load_config
 from sapo_node.node import Node
 from tests.support.nodes import sevens_overrides
@@ -20,7 +21,7 @@ def _node(model_dir: Path, data_dir: Path, local: int, external: int, **train) -
         generation={"max_new_tokens": 6, "completions_per_task": 4},
         train={"lr": 1e-2, "local_groups": local, "external_groups": external, **train},
     )
-    return Node(load_config(overrides=overrides, environ={}))
+    return build_node(load_config(overrides=overrides, environ={}))
 
 
 def _rounds(node: Node, n: int) -> list[dict]:

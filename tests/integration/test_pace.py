@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+from sapo_node.build import build_node
 from sapo_node.config import load_config
 from sapo_node.node import Node
 from tests.support.nodes import sevens_overrides
@@ -17,7 +18,7 @@ def _node(model_dir: Path, data_dir: Path, rounds: int, min_round_s: float) -> N
     overrides = sevens_overrides(
         model_dir, data_dir, node={"rounds": rounds, "min_round_s": min_round_s}
     )
-    return Node(load_config(overrides=overrides, environ={}))
+    return build_node(load_config(overrides=overrides, environ={}))
 
 
 def test_quick_rounds_wait_out_the_least_round_time(tiny_model_dir: Path, tmp_path: Path):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sapo_node.build import build_node
 from sapo_node.checkpoint import CheckpointError
 from sapo_node.config import load_config
-from sapo_node.node import Node
 from tests.support.nodes import sevens_overrides
 
 
@@ -21,7 +21,7 @@ def _run(model_dir: Path, data_dir: Path, rounds: int, lora: bool = False) -> li
         model={"lora": {"enabled": lora, "r": 4}},
         train={"lr": 1e-2, "local_groups": 4},
     )
-    node = Node(load_config(overrides=overrides, environ={}))
+    node = build_node(load_config(overrides=overrides, environ={}))
     try:
         node.run()
     finally:

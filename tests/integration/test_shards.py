@@ -14,8 +14,8 @@ import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from sapo_node import wire
 from sapo_node.config import NetSection, PoolSection, TrainSection
+from sapo_node.intake import wire
 from sapo_node.net import identity
 from sapo_node.net.process import Libp2pTransport
 from tests.integration.test_swarm_transport import (

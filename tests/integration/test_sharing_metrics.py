@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from sapo_node import node as node_module
-from sapo_node import wire
+from sapo_node.build import build_node
 from sapo_node.config import load_config
 from sapo_node.groups import Group
+from sapo_node.intake import wire
 from sapo_node.metrics import MetricsLog, read_metrics
 from sapo_node.net.memory import MemoryHub
 from sapo_node.node import Node
@@ -38,7 +39,7 @@ def _node(model_dir: Path, data_dir: Path, seed: int, defence: bool = True, **tr
         pool={"sampling": "uniform"},  # groups without signal are taken too
         defence={"enabled": defence, "max_author_share": 1.0},  # one peer may fill all J
     )
-    return Node(load_config(overrides=overrides, environ={}))
+    return build_node(load_config(overrides=overrides, environ={}))
 
 
 @pytest.fixture()
@@ -216,7 +217,7 @@ def test_a_nan_loss_is_recorded_as_null_and_the_node_runs_on(
     """Issue 47: the loss itself is NaN (as from a model that overflowed), so its gradient
     is too and the step is skipped. The round is still recorded, its loss and norm as null,
     and ``Node.run`` goes on to the configured total instead of dying on the write."""
-    from sapo_node import grpo
+    from sapo_node.train import grpo
 
     real = grpo.clipped_surrogate
 
@@ -231,7 +232,7 @@ def test_a_nan_loss_is_recorded_as_null_and_the_node_runs_on(
         node={"seed": 4, "rounds": 4, "checkpoint_every": 2},
         train={"lr": 1e-2, "local_groups": 4, "external_groups": 0},
     )
-    node = Node(load_config(overrides=overrides, environ={}))
+    node = build_node(load_config(overrides=overrides, environ={}))
     try:
         assert node.run() == 4
     finally:

@@ -25,9 +25,10 @@ import torch
 from safetensors.torch import load_file
 
 from sapo_node import checkpoint as checkpoint_module
+from sapo_node.build import build_node
 from sapo_node.config import load_config
-from sapo_node.lifecycle import on_signals
 from sapo_node.node import Node
+from sapo_node.ops.lifecycle import on_signals
 from tests.support.nodes import sevens_overrides
 
 STATE_KEYS = ("round", "cumulative_reward", "mix", "curriculum")
@@ -41,7 +42,7 @@ def _node(model_dir: Path, data_dir: Path, rounds: int, every: int, stop=None) -
         generation={"max_new_tokens": 6, "completions_per_task": 4},
         train={"lr": 1e-2, "local_groups": 2, "micro_batch_size": 2},
     )
-    return Node(load_config(overrides=overrides, environ={}), stop=stop)
+    return build_node(load_config(overrides=overrides, environ={}), stop=stop)
 
 
 def _run(node: Node) -> None:

@@ -206,11 +206,11 @@ def test_polling_status_while_distrust_expires_leaves_the_rounds_running(
     import sys
     import threading
 
-    from sapo_node import peerstate
+    from sapo_node.build import build_node
     from sapo_node.config import load_config
-    from sapo_node.defence import MAX_TRACKED
-    from sapo_node.node import Node
-    from sapo_node.status import Status, StatusServer
+    from sapo_node.intake import peerstate
+    from sapo_node.intake.defence import MAX_TRACKED
+    from sapo_node.ops.status import Status, StatusServer
     from tests.support.nodes import sevens_overrides
 
     data, rounds, clients = tmp_path / "n", 10, 4
@@ -236,7 +236,7 @@ def test_polling_status_while_distrust_expires_leaves_the_rounds_running(
         train={"local_groups": 2, "external_groups": 2},
         defence={"enabled": True},
     )
-    node = Node(load_config(overrides=overrides, environ={}))
+    node = build_node(load_config(overrides=overrides, environ={}))
     assert node.defence is not None and node.defence.distrusted_now()  # still, mostly
     server = StatusServer("127.0.0.1:0")
     server.serve(Status(node.config, node=node))

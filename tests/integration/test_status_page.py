@@ -26,7 +26,7 @@ import msgpack
 import psutil
 import pytest
 
-from sapo_node import wire
+from sapo_node.intake import wire
 from sapo_node.tasks import TaskRef, generator_of
 from tests.support.browser import NO_PROXY, Browser, find_chromium
 from tests.support.swarm import REPO, NodeProcess, node_config

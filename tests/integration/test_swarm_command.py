@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo_node.swarm import busy_ports
+from sapo_node.local_swarm import busy_ports
 from tests.support.nodes import sevens_overrides
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from sapo_node import peerstate, wire
 from sapo_node.config import NetSection, PoolSection
+from sapo_node.intake import peerstate, wire
 from sapo_node.net import NetError, Received, identity
 from sapo_node.net.process import Libp2pTransport
 from tests.support.rogue import invalid_payloads

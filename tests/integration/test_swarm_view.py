@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sapo_node import swarm as sw
-from sapo_node.status import StatusServer
+from sapo_node import local_swarm as sw
+from sapo_node.ops.status import StatusServer
 from tests.support.browser import NO_PROXY, Browser, find_chromium
 
 HOSTILE_ID = "<img src=/x onerror=window.__pwned=1>"

@@ -21,9 +21,9 @@ import random
 import time
 from typing import Literal
 
-from sapo_node import wire
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
+from sapo_node.intake import wire
 from sapo_node.solver import solve
 from sapo_node.tasks import generator_of, make_task
 

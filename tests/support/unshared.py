@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from sapo_node import grpo
 from sapo_node.config import TrainSection
-from sapo_node.policy import Policy
-from sapo_node.trainer import Sample
+from sapo_node.train import grpo
+from sapo_node.train.policy import Policy
+from sapo_node.train.trainer import Sample
 
 
 @dataclass

@@ -44,7 +44,7 @@ def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(tmp_path: Path) -> Non
     with pytest.raises(CheckpointError, match="corrupt.*point LATEST at an older one"):
         store.load(store.latest(), FP)
     # export checks the same hashes, and says what to do in its own terms
-    from sapo_node.export import ExportError, read_checkpoint
+    from sapo_node.ops.export import ExportError, read_checkpoint
 
     with pytest.raises(ExportError, match="weights.safetensors does not match.*--checkpoint"):
         read_checkpoint(path)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sapo_node.cli import main
-from sapo_node.plot import plot_metrics
+from sapo_node.ops.plot import plot_metrics
 from tests.support.cli import run_cli
 
 
@@ -111,8 +111,8 @@ def test_unreadable_node_state_exits_1(tmp_path: Path, capsys) -> None:
 
 
 def test_pool_prints_what_the_pool_holds_and_per_peer_counts(tmp_path: Path, capsys) -> None:
-    from sapo_node import wire
-    from sapo_node.pool import Pool, PooledGroup, group_digest
+    from sapo_node.intake import wire
+    from sapo_node.intake.pool import Pool, PooledGroup, group_digest
     from sapo_node.tasks import TaskRef
 
     group = wire.RolloutGroup(

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sapo_node import policy as policy_module
 from sapo_node.config import GenerationSection, LoraSection, TrainSection
-from sapo_node.optim import CompactAdam
-from sapo_node.policy import cpu_has_bf16, load_policy, select_dtype
-from sapo_node.trainer import Sample, Trainer
+from sapo_node.train import policy as policy_module
+from sapo_node.train.optim import CompactAdam
+from sapo_node.train.policy import cpu_has_bf16, load_policy, select_dtype
+from sapo_node.train.trainer import Sample, Trainer
 from tests.support.tiny import build_tiny_model
 
 CPUINFO = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f {}\n"

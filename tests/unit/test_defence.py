@@ -1,4 +1,4 @@
-"""The poisoning defences (sapo_node/defence.py) against the attack tool (tests/support/
+"""The poisoning defences (sapo_node/intake/defence.py) against the attack tool (tests/support/
 poison.py): the checks on a real (tiny, trained) policy, the per-peer records, the share
 cap, and the attacker's groups passing every intake check without them."""
 
@@ -13,10 +13,12 @@ import pytest
 import structlog
 import torch
 
-from sapo_node import defence as defence_module
-from sapo_node import peerstate, wire
 from sapo_node.config import Config, DefenceSection, LoraSection, TrainSection
-from sapo_node.defence import (
+from sapo_node.groups import Group
+from sapo_node.intake import defence as defence_module
+from sapo_node.intake import peerstate, wire
+from sapo_node.intake.checks import Intake
+from sapo_node.intake.defence import (
     CHECKED,
     DISTRUSTED,
     IMPLAUSIBLE,
@@ -25,12 +27,10 @@ from sapo_node.defence import (
     highest_window,
     rank_bits,
 )
-from sapo_node.groups import Group
-from sapo_node.intake import Intake
-from sapo_node.policy import load_policy
-from sapo_node.pool import Pool, PooledGroup, group_digest, summary
+from sapo_node.intake.pool import Pool, PooledGroup, group_digest, summary
 from sapo_node.tasks import Scorer, Task, TaskRef
-from sapo_node.trainer import Sample, Trainer
+from sapo_node.train.policy import load_policy
+from sapo_node.train.trainer import Sample, Trainer
 from tests.support import poison as poison_module
 from tests.support.poison import PoisonPeer, carries, poison
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sapo_node import doctor as d
-from sapo_node import footprint
 from sapo_node.checkpoint import CheckpointStore
 from sapo_node.cli import main
 from sapo_node.config import load_config
 from sapo_node.datadir import lock_data_dir
+from sapo_node.ops import doctor as d
+from sapo_node.ops import resources
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -169,7 +169,7 @@ def test_nvidia_smi_output_is_read(tmp_path: Path) -> None:
 def test_model_figures_of_a_real_directory(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    info = footprint.model_info(str(tiny_model_dir), tiny_model_dir)
+    info = resources.model_info(str(tiny_model_dir), tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert info.params == sum(p.numel() for p in model.parameters())
     assert (info.hidden, info.layers, info.kv_dim) == (64, 2, 32)
@@ -178,7 +178,7 @@ def test_model_figures_of_a_real_directory(tiny_model_dir: Path) -> None:
 
 
 def test_embedded_figures_match_its_config() -> None:
-    e = footprint.EMBEDDED_INFO
+    e = resources.EMBEDDED_INFO
     config = {
         "hidden_size": e.hidden,
         "num_hidden_layers": e.layers,
@@ -189,31 +189,31 @@ def test_embedded_figures_match_its_config() -> None:
         "head_dim": 64,
         "tie_word_embeddings": True,
     }
-    assert footprint.params_from_config(config) == e.params
+    assert resources.params_from_config(config) == e.params
 
 
 def test_a_missing_model_fails(tmp_path: Path) -> None:
     for name in (str(tmp_path / "nowhere"), str(tmp_path)):
-        with pytest.raises(footprint.ModelInfoError) as exc:
-            footprint.model_info(name, tmp_path)
+        with pytest.raises(resources.ModelInfoError) as exc:
+            resources.model_info(name, tmp_path)
         assert d.check_model(name, exc.value).status == "FAIL"
     hub = d.check_model(
-        "org/not-cached", footprint.ModelInfoError("x is not in the local Hugging Face cache")
+        "org/not-cached", resources.ModelInfoError("x is not in the local Hugging Face cache")
     )
     assert hub.status == "WARN"
 
 
 def test_memory_and_disk_need_more_than_this_machine_has(tmp_path: Path) -> None:
     giant = _giant_model(tmp_path / "giant")
-    info = footprint.model_info(str(giant), tmp_path)
+    info = resources.model_info(str(giant), tmp_path)
     assert info.params > 7e12 and not info.weights_present
     assert d.check_model(str(giant), info).status == "FAIL"
     cfg = _cfg(tmp_path / "data", str(giant))
-    need = footprint.memory_need(info, cfg, "cpu")
+    need = resources.memory_need(info, cfg, "cpu")
     memory = d.check_memory(need.total, d.available_memory())
     assert memory.status == "FAIL" and "--lora" in memory.todo
     disk = d.check_disk(
-        footprint.disk_need(info, cfg, tmp_path / "data", str(giant)),
+        resources.disk_need(info, cfg, tmp_path / "data", str(giant)),
         d.free_disk(tmp_path),
         tmp_path,
     )
@@ -239,21 +239,21 @@ def test_a_read_only_data_dir_fails(tmp_path: Path) -> None:
 
 
 def test_lora_needs_less_than_a_full_fine_tune(tmp_path: Path) -> None:
-    info = footprint.EMBEDDED_INFO
-    full = footprint.memory_need(info, _cfg(tmp_path), "cpu")
-    lora = footprint.memory_need(info, _cfg(tmp_path, model={"lora": {"enabled": True}}), "cpu")
+    info = resources.EMBEDDED_INFO
+    full = resources.memory_need(info, _cfg(tmp_path), "cpu")
+    lora = resources.memory_need(info, _cfg(tmp_path, model={"lora": {"enabled": True}}), "cpu")
     assert lora.total < full.total - 6 * info.params  # gradients and moments
-    kl = footprint.memory_need(info, _cfg(tmp_path, train={"kl_coef": 0.1}), "cpu")
+    kl = resources.memory_need(info, _cfg(tmp_path, train={"kl_coef": 0.1}), "cpu")
     assert kl.total == full.total + 4 * info.params
-    gpu = footprint.memory_need(info, _cfg(tmp_path), "cuda")
+    gpu = resources.memory_need(info, _cfg(tmp_path), "cuda")
     assert gpu.host > 4 * info.params and "processes" not in gpu.parts
     # a checkpoint: float32 weights and two bfloat16 moments (README: ~1.1 GB for the
     # embedded model), 1.6 GB with float32 moments
-    assert footprint.checkpoint_bytes(info, _cfg(tmp_path)) == pytest.approx(1.08e9, rel=0.01)
+    assert resources.checkpoint_bytes(info, _cfg(tmp_path)) == pytest.approx(1.08e9, rel=0.01)
     fp32 = _cfg(tmp_path, train={"optimizer_state": "float32"})
-    assert footprint.checkpoint_bytes(info, fp32) == pytest.approx(1.61e9, rel=0.01)
-    assert footprint.memory_need(info, fp32, "cpu").total == full.total + 4 * info.params
-    half = footprint.memory_need(info, _cfg(tmp_path), "cpu", cpu_bf16=True)
+    assert resources.checkpoint_bytes(info, fp32) == pytest.approx(1.61e9, rel=0.01)
+    assert resources.memory_need(info, fp32, "cpu").total == full.total + 4 * info.params
+    half = resources.memory_need(info, _cfg(tmp_path), "cpu", cpu_bf16=True)
     assert half.parts["weights"] == full.parts["weights"] + 2 * info.params  # autocast copies
     assert half.parts["peak pass"] < full.parts["peak pass"]  # bfloat16 activations
 
@@ -264,23 +264,23 @@ def test_logits_made_a_chunk_at_a_time_are_not_counted_whole(tmp_path: Path) -> 
     4 float32 copies of [completions, N + 1, V]."""
     from dataclasses import replace
 
-    from sapo_node.trainer import PLAIN_HEAD_MODELS
+    from sapo_node.train.trainer import PLAIN_HEAD_MODELS
 
-    assert footprint.EMBEDDED_INFO.model_type in PLAIN_HEAD_MODELS
-    other = replace(footprint.EMBEDDED_INFO, model_type="gpt2")
+    assert resources.EMBEDDED_INFO.model_type in PLAIN_HEAD_MODELS
+    other = replace(resources.EMBEDDED_INFO, model_type="gpt2")
     small, big = _cfg(tmp_path, train={"micro_batch_size": 8}), _cfg(tmp_path)
     m_small, m_big, n = 8, big.train.micro_batch_size, big.generation.max_new_tokens
 
     def grows(info) -> int:  # the peak pass from micro-batches of 8 to the default
         return (
-            footprint.memory_need(info, big, "cpu").parts["peak pass"]
-            - footprint.memory_need(info, small, "cpu").parts["peak pass"]
+            resources.memory_need(info, big, "cpu").parts["peak pass"]
+            - resources.memory_need(info, small, "cpu").parts["peak pass"]
         )
 
-    whole = 4 * (m_big - m_small) * (n + 1) * footprint.EMBEDDED_INFO.vocab * 4
-    assert grows(other) - grows(footprint.EMBEDDED_INFO) > 0.8 * whole  # less one chunk a row
-    assert footprint.memory_need(footprint.EMBEDDED_INFO, big, "cpu").total < 0.8 * (
-        footprint.memory_need(other, big, "cpu").total
+    whole = 4 * (m_big - m_small) * (n + 1) * resources.EMBEDDED_INFO.vocab * 4
+    assert grows(other) - grows(resources.EMBEDDED_INFO) > 0.8 * whole  # less one chunk a row
+    assert resources.memory_need(resources.EMBEDDED_INFO, big, "cpu").total < 0.8 * (
+        resources.memory_need(other, big, "cpu").total
     )
 
 
@@ -301,18 +301,18 @@ def test_a_model_without_full_attention_is_counted_a_row_per_completion(tmp_path
         "sliding_window": 4096,
     }
     (windowed / "config.json").write_text(json.dumps(config))
-    info = footprint.model_info_from_dir(windowed)
+    info = resources.model_info_from_dir(windowed)
     assert not info.full_attention
     (windowed / "config.json").write_text(json.dumps({**config, "use_sliding_window": False}))
-    full = footprint.model_info_from_dir(windowed)
+    full = resources.model_info_from_dir(windowed)
     assert full.full_attention
     cfg = _cfg(tmp_path, train={"checkpoint_above_tokens": 0})  # every micro-batch checkpointed
-    m, p = cfg.train.micro_batch_size, footprint.PROMPT_TOKENS
+    m, p = cfg.train.micro_batch_size, resources.PROMPT_TOKENS
     per_group = cfg.generation.completions_per_task
     rows = m - (-(-m // per_group) + (1 if m % per_group else 0))  # more rows than shared
     more = (
-        footprint.memory_need(info, cfg, "cpu").total
-        - footprint.memory_need(full, cfg, "cpu").total
+        resources.memory_need(info, cfg, "cpu").total
+        - resources.memory_need(full, cfg, "cpu").total
     )
     per_token = full.layers * full.hidden + 10 * full.hidden + 4 * full.intermediate
     prompt_acts = rows * p * per_token * 4  # checkpointed, float32
@@ -322,7 +322,7 @@ def test_a_model_without_full_attention_is_counted_a_row_per_completion(tmp_path
 
 # The formula against what was measured on the embedded model (2 cores, torch 2.13 CPU,
 # float32 compute and Adam moments: FLOAT32 below; the module docstring of
-# sapo_node.footprint). Peak RSS of one process: three Trainer steps of 2 prompts of 104
+# sapo_node.ops.resources). Peak RSS of one process: three Trainer steps of 2 prompts of 104
 # tokens x 8 completions of exactly N tokens, micro-batch 8, the node's allocator setting
 # (``MEASURE_STEPS`` below; the slow test measures it again). Measured 2026-12-02 with the
 # head applied 64 positions at a time (before: 4130, 2707 and 2020 MiB).
@@ -358,8 +358,8 @@ def _one_process(kind: str, n: int, tmp_path: Path, prompt_tokens: int = 104) ->
         generation={"max_new_tokens": n},
         net={"enabled": False},
     )
-    need = footprint.memory_need(footprint.EMBEDDED_INFO, cfg, "cpu", prompt_tokens=prompt_tokens)
-    return (need.total - footprint.SCORER_PROCESS) / 2**20
+    need = resources.memory_need(resources.EMBEDDED_INFO, cfg, "cpu", prompt_tokens=prompt_tokens)
+    return (need.total - resources.SCORER_PROCESS) / 2**20
 
 
 @pytest.mark.parametrize(("kind", "n"), list(MEASURED_STEPS_MIB))
@@ -379,23 +379,23 @@ def test_the_memory_formula_with_gradient_checkpointing(tmp_path: Path) -> None:
         generation={"max_new_tokens": 64},
         net={"enabled": False},
     )
-    need = footprint.memory_need(footprint.EMBEDDED_INFO, cfg, "cpu", prompt_tokens=104)
-    estimate = (need.total - footprint.SCORER_PROCESS) / 2**20
+    need = resources.memory_need(resources.EMBEDDED_INFO, cfg, "cpu", prompt_tokens=104)
+    estimate = (need.total - resources.SCORER_PROCESS) / 2**20
     assert MEASURED_CHECKPOINTED_MIB <= estimate <= 1.10 * MEASURED_CHECKPOINTED_MIB
     assert estimate < _one_process("full", 64, tmp_path) - 500
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_the_memory_formula_covers_real_rounds(kind: str, tmp_path: Path) -> None:
-    estimate = _one_process(kind, 64, tmp_path, prompt_tokens=footprint.PROMPT_TOKENS)
+    estimate = _one_process(kind, 64, tmp_path, prompt_tokens=resources.PROMPT_TOKENS)
     assert MEASURED_ROUND_MIB[kind] <= estimate <= 1.6 * MEASURED_ROUND_MIB[kind]
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_the_memory_formula_covers_default_rounds_in_bfloat16(kind: str, tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, model={"lora": {"enabled": kind == "lora"}}, net={"enabled": False})
-    need = footprint.memory_need(footprint.EMBEDDED_INFO, cfg, "cpu", cpu_bf16=True)
-    estimate = (need.total - footprint.SCORER_PROCESS) / 2**20
+    need = resources.memory_need(resources.EMBEDDED_INFO, cfg, "cpu", cpu_bf16=True)
+    estimate = (need.total - resources.SCORER_PROCESS) / 2**20
     measured = MEASURED_DEFAULT_ROUND_BF16_MIB[kind]
     assert measured <= estimate <= 1.6 * measured
 
@@ -404,9 +404,9 @@ MEASURE_STEPS = """
 import random, resource, sys
 from pathlib import Path
 from sapo_node.config import LoraSection, TrainSection
-from sapo_node.lifecycle import fix_mmap_threshold
-from sapo_node.policy import load_policy
-from sapo_node.trainer import Sample, Trainer
+from sapo_node.ops.lifecycle import fix_mmap_threshold
+from sapo_node.train.policy import load_policy
+from sapo_node.train.trainer import Sample, Trainer
 n, lora, cache = int(sys.argv[1]), sys.argv[2] == "lora", Path(sys.argv[3])
 fix_mmap_threshold()  # the node's allocator setting
 policy = load_policy("embedded", device="cpu", dtype="float32", lora=LoraSection(enabled=lora),
@@ -581,9 +581,9 @@ def test_doctor_usage_errors_exit_2(capsys) -> None:
 def test_a_generating_member_needs_no_training_memory_and_no_trained_checkpoint(
     tmp_path: Path, capsys
 ) -> None:
-    info = footprint.EMBEDDED_INFO
-    member = footprint.memory_need(info, _cfg(tmp_path, train={"enabled": False}), "cpu")
-    trainer = footprint.memory_need(info, _cfg(tmp_path), "cpu")
+    info = resources.EMBEDDED_INFO
+    member = resources.memory_need(info, _cfg(tmp_path, train={"enabled": False}), "cpu")
+    trainer = resources.memory_need(info, _cfg(tmp_path), "cpu")
     assert member.parts["optimizer"] == 0 and member.total < trainer.total - 12 * info.params
     fp = {"model": "embedded", "lora": False}
     CheckpointStore(tmp_path).save(

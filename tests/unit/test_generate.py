@@ -1,4 +1,4 @@
-"""The shared-prefill decode path (sapo_node.decode) against plain transformers sampling.
+"""The shared-prefill decode path (sapo_node.train.decode) against plain transformers sampling.
 
 Exact checks where the computation is deterministic (the warped scores against
 transformers' warpers; every step's logits against a full forward of the prompt and the
@@ -19,9 +19,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from sapo_node import decode
 from sapo_node.config import GenerationSection, LoraSection
-from sapo_node.decode import Sampling
+from sapo_node.train import decode
+from sapo_node.train.decode import Sampling
 
 SETTINGS = [
     Sampling(),
@@ -189,7 +189,7 @@ def test_every_step_equals_a_full_forward_with_ragged_prompts_and_dropped_rows(
 
 
 def test_lora_model_steps_equal_a_full_forward(tiny_model_dir, monkeypatch) -> None:
-    from sapo_node.policy import load_policy
+    from sapo_node.train.policy import load_policy
 
     torch.manual_seed(0)
     policy = load_policy(

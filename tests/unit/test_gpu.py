@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sapo_node.config import GenerationSection, LoraSection, TrainSection
-from sapo_node.policy import load_policy
-from sapo_node.trainer import Sample, Trainer
+from sapo_node.train.policy import load_policy
+from sapo_node.train.trainer import Sample, Trainer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from sapo_node.net import NetStats
-from sapo_node.prometheus import metric_families
+from sapo_node.ops.prometheus import metric_families
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "sapo-node.json"

@@ -1,4 +1,4 @@
-"""Unit tests for sapo_node.grpo (pure GRPO loss maths)."""
+"""Unit tests for sapo_node.train.grpo (pure GRPO loss maths)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sapo_node import grpo
-from sapo_node.grpo import (
+from sapo_node.train import grpo
+from sapo_node.train.grpo import (
     clipped_surrogate,
     group_advantages,
     group_has_signal,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from sapo_node import metrics
-from sapo_node.history import History
+from sapo_node.local_swarm import read_last_record
 from sapo_node.metrics import RENAMED, read_metrics, upgrade
-from sapo_node.swarm import read_last_record
+from sapo_node.ops.history import History
 
 # A round as 0.2.0 wrote it (docs/results/ hold hundreds of such rows) ...
 OLD = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sapo_node import optim
-from sapo_node.optim import CompactAdam, stochastic_round_bf16
+from sapo_node.train import optim
+from sapo_node.train.optim import CompactAdam, stochastic_round_bf16
 
 
 def test_stochastic_rounding_is_unbiased_and_lands_on_a_neighbour() -> None:

@@ -1,4 +1,4 @@
-"""What a node remembers of its peers across restarts (sapo_node/peerstate.py): the file
+"""What a node remembers of its peers across restarts (sapo_node/intake/peerstate.py): the file
 format, its refusal of what is not its own, expiry by wall-clock deadlines, bounds, and
 what ``sapo-node pool`` shows of it."""
 
@@ -10,8 +10,8 @@ import threading
 
 import structlog
 
-from sapo_node import peerstate
-from sapo_node.pool import Pool, summary
+from sapo_node.intake import peerstate
+from sapo_node.intake.pool import Pool, summary
 
 
 def test_doctests() -> None:

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sapo_node import policy as policy_module
 from sapo_node.config import GenerationSection, LoraSection
-from sapo_node.policy import ModelLoadError, load_policy, select_device, select_dtype
+from sapo_node.train import policy as policy_module
+from sapo_node.train.policy import ModelLoadError, load_policy, select_device, select_dtype
 
 
 @pytest.fixture()

@@ -17,9 +17,9 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sapo_node import pool as pool_module
-from sapo_node import wire
-from sapo_node.pool import (
+from sapo_node.intake import pool as pool_module
+from sapo_node.intake import wire
+from sapo_node.intake.pool import (
     OTHERS,
     POLICIES,
     Candidate,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sapo_node import trainer as trainer_module
 from sapo_node.config import LoraSection, TrainSection
-from sapo_node.policy import load_policy
-from sapo_node.trainer import Sample, Trainer, block_mask, pack, shared_attention
+from sapo_node.train import trainer as trainer_module
+from sapo_node.train.policy import load_policy
+from sapo_node.train.trainer import Sample, Trainer, block_mask, pack, shared_attention
 from tests.support.unshared import unshared_backward
 
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sapo_node import wire
 from sapo_node.config import ConfigError, NetSection, load_config
+from sapo_node.intake import wire
 from sapo_node.net import identity
 from sapo_node.swarmfile import load_swarm_file
 from tests.unit.test_swarmfile import SWARM, write

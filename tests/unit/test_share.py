@@ -12,10 +12,10 @@ from unittest.mock import patch
 
 import pytest
 
-from sapo_node import wire
 from sapo_node.config import load_config
-from sapo_node.intake import Intake
-from sapo_node.pool import Pool
+from sapo_node.intake import wire
+from sapo_node.intake.checks import Intake
+from sapo_node.intake.pool import Pool
 from sapo_node.share import MAX_LINE_BYTES, Checker, Overlong, line_of, read_lines, share
 from sapo_node.tasks import TaskRef, make_task
 from tests.support.cli import run_cli

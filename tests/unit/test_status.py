@@ -18,7 +18,7 @@ from sapo_node.cli import main
 from sapo_node.config import load_config, parse_host_port
 from sapo_node.net.memory import MemoryHub
 from sapo_node.node import Progress
-from sapo_node.status import (
+from sapo_node.ops.status import (
     STATUS_FILE,
     Status,
     StatusError,
@@ -143,7 +143,7 @@ def test_help_lists_the_status_command(capsys) -> None:
 
 
 def test_the_default_address_taken_serves_on_a_free_port_and_another_is_an_error() -> None:
-    from sapo_node.status import StatusError, StatusServer
+    from sapo_node.ops.status import StatusError, StatusServer
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from sapo_node.config import ConfigError, load_config
-from sapo_node.history import History, moving_average, thin
-from sapo_node.lifecycle import status_endpoint
 from sapo_node.net.memory import MemoryHub
-from sapo_node.status import Status, StatusServer, host_allowed, points_of, static_file
+from sapo_node.ops.history import History, moving_average, thin
+from sapo_node.ops.lifecycle import status_endpoint
+from sapo_node.ops.status import Status, StatusServer, host_allowed, points_of, static_file
 
 
 def _write(path: Path, rounds: range, **extra) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo_node import swarm as sw
+from sapo_node import local_swarm as sw
 from sapo_node.cli import main
 from tests.support.cli import run_cli
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from sapo_node.config import Config, ConfigError, TasksSection, load_config
-from sapo_node.doctor import check_swarm_file
+from sapo_node.intake.wire import PROTOCOL_VERSION
+from sapo_node.ops.doctor import check_swarm_file
 from sapo_node.swarmfile import RECOMMENDABLE, ignored_warning, load_swarm_file, tasks_warning
 from sapo_node.tasks import get_family
-from sapo_node.wire import PROTOCOL_VERSION
 from tests.support.cli import run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "swarms" / "example.toml"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sapo_node import curriculum as curriculum_module
-from sapo_node import plot as plot_module
 from sapo_node import tasks
+from sapo_node.ops import plot as plot_module
 from sapo_node.tasks import (
     PAPER_FAMILIES,
     Scorer,

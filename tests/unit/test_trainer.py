@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sapo_node import grpo
 from sapo_node.config import LoraSection, TrainSection
-from sapo_node.policy import load_policy
-from sapo_node.trainer import Sample, Trainer, pack
+from sapo_node.train import grpo
+from sapo_node.train.policy import load_policy
+from sapo_node.train.trainer import Sample, Trainer, pack
 from tests.support.unshared import pack as pack_unshared
 
 

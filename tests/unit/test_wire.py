@@ -25,9 +25,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sapo_node import wire
-from sapo_node.tasks import TaskRef, canonical_json
-from sapo_node.wire import (
+from sapo_node.intake import wire
+from sapo_node.intake.wire import (
     EncodeError,
     Rejection,
     RolloutGroup,
@@ -36,6 +35,7 @@ from sapo_node.wire import (
     encode,
     topic,
 )
+from sapo_node.tasks import TaskRef, canonical_json
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "protocol" / "vectors"

@@ -1,7 +1,7 @@
 """Small, pure statistics for the experiment's report: paired tests and intervals.
 
 Nothing here knows of nodes or files; every function is a plain function of numbers,
-tested with known inputs (tests/unit/test_stats.py).
+tested with known inputs (tests/unit/test_significance.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A round's mix (sapo_node/mix.py): J from the own groups' signal, the need per family,
+"""A round's mix (sapo_node/intake/demand.py): J from the own groups' signal, the need per family,
 and its state through a checkpoint."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import doctest
 
 import pytest
 
-from sapo_node import mix as mix_module
-from sapo_node.mix import MIN_NEED, Mix, choose_external
+from sapo_node.intake import demand as mix_module
+from sapo_node.intake.demand import MIN_NEED, Mix, choose_external
 
 
 def test_doctests() -> None:

@@ -44,8 +44,8 @@ from typing import Any, TextIO
 
 import platformdirs
 
-from sapo_node.history import History
 from sapo_node.metrics import upgrade
+from sapo_node.ops.history import History
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 4150
@@ -468,7 +468,7 @@ class Swarm:
     def _serve_view(self) -> None:
         if self.view is None:
             return
-        from sapo_node.status import StatusError, StatusServer
+        from sapo_node.ops.status import StatusError, StatusServer
 
         try:
             self._view_server = StatusServer(self.view, or_free_port=True)
@@ -551,7 +551,7 @@ class SwarmView:
         self._histories = {c.spec.name: History(c.spec.metrics_path) for c in swarm.children}
 
     def __call__(self, path: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        from sapo_node.status import json_body, static_file
+        from sapo_node.ops.status import json_body, static_file
 
         if path == "/swarm":
             return 200, "application/json", json_body(self.snapshot())

@@ -157,7 +157,7 @@ def _kv_dim(c: dict[str, Any]) -> int:
 
 def model_info_from_dir(path: Path, where: str | None = None) -> ModelInfo:
     """A model directory's figures: config.json, parameters counted in its safetensors."""
-    from sapo_node.decode import full_attention
+    from sapo_node.train.decode import full_attention
 
     try:
         c = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -186,7 +186,7 @@ def model_info_from_dir(path: Path, where: str | None = None) -> ModelInfo:
 
 def model_info(name: str, cache_dir: Path) -> ModelInfo:
     """Figures of the model a node of this config loads, without loading it."""
-    from sapo_node.policy import EMBEDDED, EMBEDDED_CACHE, ModelLoadError, embedded_gguf_path
+    from sapo_node.train.policy import EMBEDDED, EMBEDDED_CACHE, ModelLoadError, embedded_gguf_path
 
     if name == EMBEDDED:
         cache = cache_dir / EMBEDDED_CACHE
@@ -251,7 +251,7 @@ def _logit_positions(info: ModelInfo, m: int, n: int, rows: int) -> int:
     """Positions whose logits a training pass holds at once: every completion token, or,
     where the trainer applies the head a chunk at a time (``trainer.PLAIN_HEAD_MODELS``),
     one chunk of each row plus each completion's first token."""
-    from sapo_node.trainer import PLAIN_HEAD_MODELS, POSITIONS_PER_CALL
+    from sapo_node.train.trainer import PLAIN_HEAD_MODELS, POSITIONS_PER_CALL
 
     if info.model_type in PLAIN_HEAD_MODELS:
         return rows * POSITIONS_PER_CALL + m
@@ -327,7 +327,7 @@ def checkpoint_bytes(info: ModelInfo, cfg: Config) -> int:
 
 def disk_need(info: ModelInfo, cfg: Config, data_dir: Path, model_name: str) -> int:
     """Bytes the data directory will still need (module docstring)."""
-    from sapo_node.policy import EMBEDDED
+    from sapo_node.train.policy import EMBEDDED
 
     ckpt = checkpoint_bytes(info, cfg) if cfg.train.enabled else 0
     root = data_dir / "checkpoints"

@@ -51,10 +51,10 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from sapo_node import decode, grpo
 from sapo_node.config import TrainSection
-from sapo_node.optim import CompactAdam
-from sapo_node.policy import Policy
+from sapo_node.train import decode, grpo
+from sapo_node.train.optim import CompactAdam
+from sapo_node.train.policy import Policy
 
 log = structlog.get_logger(__name__)
 

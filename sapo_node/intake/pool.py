@@ -2,7 +2,7 @@
 
 A group reaches the pool only after the receiver has decoded it strictly, regenerated its
 task, compared the question and scored every completion with its own verifier
-(intake.py); the pool keeps those rewards, never a sender's. It is
+(intake/checks.py); the pool keeps those rewards, never a sender's. It is
 
 - bounded in groups and in bytes: past either bound the oldest group of the author
   holding the most goes first, so many peers share the room;
@@ -69,8 +69,8 @@ from typing import Any
 import msgpack
 import structlog
 
-from sapo_node import peerstate, wire
-from sapo_node.wire import RolloutGroup
+from sapo_node.intake import peerstate, wire
+from sapo_node.intake.wire import RolloutGroup
 
 log = structlog.get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """A node's whole run as chart series, read from its own ``metrics.jsonl``.
 
-The live page (status.py, ``/history``) and the swarm view (swarm.py) draw the same
+The live page (status.py, ``/history``) and the swarm view (local_swarm.py) draw the same
 curves as ``sapo-node plot``, from the same file, so a restarted node shows its whole run.
 :class:`History` reads the file incrementally (only the bytes appended since the last
 call; from the start again when the file no longer ends with the bytes last read, as when

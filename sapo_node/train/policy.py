@@ -36,8 +36,8 @@ import structlog
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from sapo_node import decode
 from sapo_node.config import GenerationSection, LoraSection
+from sapo_node.train import decode
 
 log = structlog.get_logger(__name__)
 
@@ -365,7 +365,7 @@ class Policy:
         each step instead, for evaluation).
 
         Each prompt is prefilled once and its cache shared by its ``n`` completions
-        (``sapo_node.decode``); models that path does not support go through
+        (``sapo_node.train.decode``); models that path does not support go through
         ``model.generate`` in left-padded batches. If ``should_stop()`` turns true,
         generation ends at the next token (the caller discards the partial result).
         """

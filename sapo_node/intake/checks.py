@@ -43,8 +43,8 @@ from typing import Literal
 
 import structlog
 
-from sapo_node import wire
-from sapo_node.pool import MAX_AUTHOR_CHARS, OTHERS, Pool, PooledGroup, group_digest
+from sapo_node.intake import wire
+from sapo_node.intake.pool import MAX_AUTHOR_CHARS, OTHERS, Pool, PooledGroup, group_digest
 from sapo_node.tasks import Scorer, Task, generator_of, make_task
 
 log = structlog.get_logger(__name__)

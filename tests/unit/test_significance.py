@@ -7,7 +7,12 @@ import math
 
 import pytest
 
-from sapo_node.stats import bootstrap_interval, sign_flip_p, smallest_p, wilson_interval
+from sapo_node.experiment.significance import (
+    bootstrap_interval,
+    sign_flip_p,
+    smallest_p,
+    wilson_interval,
+)
 
 
 def _naive_p(d: list[float]) -> float:

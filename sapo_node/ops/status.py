@@ -64,9 +64,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sapo_node import __version__
 from sapo_node.checkpoint import write_text_atomic
 from sapo_node.config import Config, parse_host_port
-from sapo_node.history import MAX_POINTS, History
 from sapo_node.metrics import finite_or_null, upgrade
-from sapo_node.prometheus import _Collector
+from sapo_node.ops.history import MAX_POINTS, History
+from sapo_node.ops.prometheus import FactsCollector
 
 log = structlog.get_logger(__name__)
 
@@ -324,7 +324,7 @@ class Routes:
     def __init__(self, status: Status) -> None:
         self.status = status
         self.registry = CollectorRegistry()
-        self.registry.register(_Collector(status))
+        self.registry.register(FactsCollector(status.facts))
 
     def __call__(self, path: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
         if path == "/metrics":

@@ -1,6 +1,6 @@
 """Defences against poisoned completions: peers that tell the truth and add something.
 
-Re-scoring (intake.py) defeats a peer that lies about answers, not one whose right
+Re-scoring (intake/checks.py) defeats a peer that lies about answers, not one whose right
 answers carry extra text: a trigger phrase, a link, a claim ("Hail to the Thief",
 Blagoev, Ersoy and Chen, arXiv 2511.09780). This node's own verifier rewards such a
 completion like any right one, GRPO gives it a positive advantage, and the node learns
@@ -49,7 +49,7 @@ go through, in order:
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
 there is gone without refusing the peer. The intake scores the cut text (node.py
-``_prepare``), so the reward is of what trains.
+``prepare_completion``), so the reward is of what trains.
 
 A refused completion is removed from its group; the rest of the group trains, its
 advantages computed over what is left, and a group with fewer than two completions
@@ -91,9 +91,9 @@ from typing import Any
 
 import structlog
 
-from sapo_node import peerstate
 from sapo_node.config import DefenceSection
-from sapo_node.trainer import Sample
+from sapo_node.intake import peerstate
+from sapo_node.train.trainer import Sample
 
 log = structlog.get_logger(__name__)
 

@@ -6,7 +6,7 @@ messages that the tests check in both directions: a change here is a change ther
 Decoding is strict and never raises: ``decode(data)`` returns a ``RolloutGroup`` or a
 ``Rejection`` whose ``reason`` is one of the codes below. It checks form only (types,
 sizes, ranges, spelling); what a message *means* (a known family, a question that matches
-its regenerated task, the rewards) is checked by the receiver (intake.py).
+its regenerated task, the rewards) is checked by the receiver (intake/checks.py).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ FAMILY_PATTERN = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*(:[A-Za-z0-9_]+)?")
 GENERATOR_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+ [A-Za-z0-9_.+-]+")
 SWARM_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
-# Rejection reasons found by decode (the receiver adds its own in intake.py).
+# Rejection reasons found by decode (the receiver adds its own in intake/checks.py).
 OVERSIZE = "oversize"
 MALFORMED = "malformed"
 BAD_UTF8 = "bad_utf8"

@@ -146,7 +146,7 @@ def export_checkpoint(
     import torch
     from transformers.utils import logging as hf_logging
 
-    from sapo_node.policy import ModelLoadError, load_policy, resolve_model_source
+    from sapo_node.train.policy import ModelLoadError, load_policy, resolve_model_source
 
     data_dir = config.node.resolved_data_dir()
     path = find_checkpoint(data_dir, checkpoint)
@@ -262,7 +262,7 @@ def _drop_gguf_quantization(model: Any) -> None:
 
 def describe_base(result: Exported) -> str:
     """The base model of an adapter, in words."""
-    from sapo_node.policy import EMBEDDED, EMBEDDED_GGUF
+    from sapo_node.train.policy import EMBEDDED, EMBEDDED_GGUF
 
     if result.model == EMBEDDED:
         return (
@@ -274,7 +274,7 @@ def describe_base(result: Exported) -> str:
 
 
 def _title(model: str) -> str:
-    from sapo_node.policy import EMBEDDED
+    from sapo_node.train.policy import EMBEDDED
 
     return "SmolLM2-135M-Instruct" if model == EMBEDDED else Path(model).name or model
 

@@ -147,13 +147,13 @@ def cap_kernel_caches() -> dict[str, str]:
 
 def run_node(cfg: Config, stop: threading.Event) -> None:
     """A training or generating node: rounds until ``stop`` or ``node.rounds``."""
+    from sapo_node.build import build_node
     from sapo_node.checkpoint import CheckpointError
     from sapo_node.datadir import DataDirInUse
-    from sapo_node.node import Node
-    from sapo_node.policy import ModelLoadError
-    from sapo_node.pool import PoolError
-    from sapo_node.status import Status
+    from sapo_node.intake.pool import PoolError
+    from sapo_node.ops.status import Status
     from sapo_node.tasks import RG_VERSION
+    from sapo_node.train.policy import ModelLoadError
 
     if cfg.net.enabled:
         check_ports(cfg)  # before the model loads: a busy port is found at once
@@ -161,7 +161,7 @@ def run_node(cfg: Config, stop: threading.Event) -> None:
     cap_kernel_caches()  # before the model computes: read at the first product
     fix_mmap_threshold()
     try:
-        node = Node(cfg, stop=stop)
+        node = build_node(cfg, stop=stop)
     except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:
         raise NodeFailed(str(exc)) from None
     if cfg.net.enabled:
@@ -207,7 +207,7 @@ def run_relay(cfg: Config, stop: threading.Event) -> None:
     endpoint = status_endpoint(cfg)
     transport = open_transport(cfg, data_dir)
     if endpoint is not None:
-        from sapo_node.status import Status
+        from sapo_node.ops.status import Status
 
         endpoint.serve(Status(cfg, transport=transport))
     try:
@@ -262,7 +262,7 @@ def status_endpoint(cfg: Config):
     """The status endpoint, its address bound now (None when it is off)."""
     if not cfg.status.enabled:
         return None
-    from sapo_node.status import StatusError, StatusServer
+    from sapo_node.ops.status import StatusError, StatusServer
 
     try:
         return StatusServer(

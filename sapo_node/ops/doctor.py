@@ -5,7 +5,7 @@ path, addresses) that returns one ``Check``: PASS, WARN or FAIL, what was found,
 to do. ``run_checks`` gathers those inputs from the machine and the config; tests call the
 checks directly with inputs that fail on purpose. ``sapo-node doctor`` prints one line
 per check and exits 0 when nothing FAILs (warnings allowed), 1 otherwise. The memory
-and disk a node needs are estimated in ``footprint``.
+and disk a node needs are estimated in ``resources``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from sapo_node.config import Config
-from sapo_node.footprint import (
+from sapo_node.net.ports import bind_error
+from sapo_node.ops.resources import (
     GiB,
     MemoryNeed,
     MiB,
@@ -36,7 +37,6 @@ from sapo_node.footprint import (
     model_info,
     safetensors_params,
 )
-from sapo_node.net.ports import bind_error
 
 PYTHON_MIN = (3, 11)  # pyproject's requires-python
 PYTHON_TESTED_MAX = (3, 13)
@@ -658,7 +658,7 @@ def run_checks(cfg: Config, *, no_train: bool = False) -> list[Check]:
         checks.append(check_model(name, info))
         if isinstance(info, ModelInfo):
             device = _resolve_device(cfg.node.device, build)
-            from sapo_node.policy import cpu_has_bf16
+            from sapo_node.train.policy import cpu_has_bf16
 
             need = memory_need(info, cfg, device, cpu_bf16=device == "cpu" and cpu_has_bf16())
             if device == "cuda":

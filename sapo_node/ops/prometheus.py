@@ -4,8 +4,8 @@ docs/operations.md lists them; the Grafana dashboard in deploy/ draws them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -15,21 +15,18 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from sapo_node.status import Status
-
 # the round loop's phases whose seconds (phase_s/<phase>) become sapo_phase_seconds
 PHASES = ("generate", "score", "screen", "train", "eval", "round")
 
 
-class _Collector(Collector):
-    """Prometheus metrics of a :class:`Status`, built at each scrape."""
+class FactsCollector(Collector):
+    """Prometheus metrics of a node's facts (``Status.facts``), built at each scrape."""
 
-    def __init__(self, status: Status) -> None:
-        self.status = status
+    def __init__(self, facts: Callable[[], dict[str, Any]]) -> None:
+        self.facts = facts
 
     def collect(self) -> Iterator[Metric]:
-        return iter(metric_families(self.status.facts()))
+        return iter(metric_families(self.facts()))
 
 
 def metric_families(f: dict[str, Any]) -> list[Metric]:
