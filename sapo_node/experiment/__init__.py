@@ -60,9 +60,9 @@ Configurations can run as separate processes (``--only 2/2``), e.g. two at
 once with one thread each; the report covers every configuration found finished.
 
 The package, each module importing only those before it: ``spec`` (the experiment file,
-its configurations, each node's seed and config), ``analysis`` (the pure analysis, the
-tables, the plots, written from OUT's files) and ``runner`` (the lockstep swarms, resume,
-``run_experiment``).
+its configurations, each node's seed and config), ``significance`` (paired tests and
+intervals), ``analysis`` (the pure analysis), ``report`` (the tables and plots, written
+from OUT's files) and ``runner`` (the lockstep swarms, resume, ``run_experiment``).
 """
 
 from sapo_node.experiment.analysis import (
@@ -70,17 +70,14 @@ from sapo_node.experiment.analysis import (
     FORMAT_WINDOW,
     OUTCOMES,
     analyse,
-    collect,
     format_summary,
     halves,
     heldout_summary,
     mechanism,
     mechanism_sums,
     node_summary,
-    plot_results,
-    render_table,
-    report,
 )
+from sapo_node.experiment.report import collect, plot_results, render_table, report
 from sapo_node.experiment.runner import (
     PARKED,
     START_EVALS,

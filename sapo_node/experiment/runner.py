@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from sapo_node.config import Config, ConfigError
-from sapo_node.experiment.analysis import report
+from sapo_node.experiment.report import report
 from sapo_node.experiment.spec import (
     SOLVER_INDEX,
     Arm,

@@ -220,7 +220,7 @@ def test_halves_of_an_odd_run_and_rows_past_it() -> None:
     assert [h["local_all_wrong"] for h in s["halves"]] == [2, 3]
 
 
-@pytest.mark.parametrize("module", ["spec", "analysis", "runner"])
+@pytest.mark.parametrize("module", ["spec", "analysis", "report", "runner"])
 def test_doctests(module: str) -> None:
     assert doctest.testmod(importlib.import_module(f"sapo_node.experiment.{module}")).failed == 0
 
