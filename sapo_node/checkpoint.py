@@ -10,7 +10,8 @@ Layout::
 
 A checkpoint is written under a temporary name, fsynced, then renamed; LATEST is
 replaced atomically after that. A crash at any point leaves the previous checkpoint
-intact. Loading checks the manifest's hashes and the model fingerprint: a corrupt or
+intact; a round saved again keeps its first save aside until the new one is in place,
+and LATEST finds it there after a crash between the two renames. Loading checks the manifest's hashes and the model fingerprint: a corrupt or
 foreign checkpoint raises CheckpointError, never a silent restart from scratch.
 """
 
@@ -24,9 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+log = structlog.get_logger(__name__)
 
 FORMAT = 1
 WEIGHTS = "weights.safetensors"
@@ -132,11 +136,16 @@ class CheckpointStore:
             (tmp / MANIFEST).write_text(json.dumps({"files": files}), encoding="utf-8")
             for f in (*files, MANIFEST):
                 _fsync_file(tmp / f)
-            if final.exists():
-                shutil.rmtree(final)
+            aside = None
+            if final.exists():  # the same round again: the old stays whole until replaced
+                aside = self.root / f".{name}.old-{os.getpid()}"
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(final, aside)
             os.replace(tmp, final)
             _fsync_dir(self.root)
             write_text_atomic(self.root / "LATEST", name + "\n")
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self._prune(keep_name=name)
@@ -149,6 +158,9 @@ class CheckpointStore:
                 shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".round-*.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
+        for aside in self.root.glob(".round-*.old-*"):  # kept only while its round is missing
+            if (self.root / aside.name[1:].split(".old-")[0]).is_dir():
+                shutil.rmtree(aside, ignore_errors=True)
 
     def latest(self) -> Path | None:
         """The checkpoint LATEST names, or None for a data dir without checkpoints."""
@@ -162,6 +174,13 @@ class CheckpointStore:
             return None
         name = pointer.read_text(encoding="utf-8").strip()
         path = self.root / name
+        if name.startswith("round-") and "/" not in name and not path.is_dir():
+            # a save of the same round stopped between moving the old one aside and
+            # putting the new one in place: the old one is whole, and LATEST's again
+            for aside in sorted(self.root.glob(f".{name}.old-*")):
+                os.replace(aside, path)
+                log.warning("checkpoint restored from a save cut short", path=str(path))
+                break
         if not name.startswith("round-") or "/" in name or not path.is_dir():
             raise CheckpointError(f"{pointer} names {name!r}, which is not a checkpoint here")
         return path

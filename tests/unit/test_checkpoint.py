@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,33 @@ def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeyp
     ckpt = store.load(store.latest(), FP)
     assert ckpt.state["round"] == 5
     assert not list(store.root.glob(".round-*"))  # no temporary left behind
+
+
+def test_a_round_saved_again_and_cut_short_keeps_its_first_save(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Saving a round that already has a checkpoint (a stop right after a resume) and
+    being killed between taking the old one out and putting the new one in leaves LATEST
+    naming a checkpoint that is whole: the first save of that round."""
+    store = CheckpointStore(tmp_path)
+    _save(store, 5, 1.0)
+    real_replace = os.replace
+
+    def killed_before_the_new_one_is_in(src, dst):
+        if Path(src).name.startswith(".round-000005.tmp-"):
+            raise KeyboardInterrupt  # the process dies here
+        return real_replace(src, dst)
+
+    monkeypatch.setattr("sapo_node.checkpoint.os.replace", killed_before_the_new_one_is_in)
+    with pytest.raises(KeyboardInterrupt):
+        _save(store, 5, 2.0)
+    monkeypatch.undo()
+    restarted = CheckpointStore(tmp_path)
+    ckpt = restarted.load(restarted.latest(), FP)
+    assert ckpt.state["round"] == 5 and torch.equal(ckpt.weights["w"], torch.full((3, 2), 1.0))
+    _save(restarted, 5, 3.0)  # and a save of the same round then completes, leaving no copy
+    assert torch.equal(restarted.load(restarted.latest(), FP).weights["w"], torch.full((3, 2), 3.0))
+    assert not list(restarted.root.glob(".round-*"))
 
 
 def test_a_write_that_fails_is_an_os_error_and_keeps_the_previous(tmp_path: Path) -> None:
