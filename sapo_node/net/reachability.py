@@ -59,8 +59,9 @@ class SwarmDCUtR(DCUtRProtocol):
     when it has no outside address to predict: the peer is not on its LAN
     (docs/libp2p.md#hole-punching)."""
 
-    def __init__(self, host: Any) -> None:
+    def __init__(self, host: Any, relay_grace_s: float = RELAY_GRACE_S) -> None:
         super().__init__(host)
+        self.relay_grace_s = relay_grace_s
         self.punched = self.failed = 0  # punches that worked, and failed (either side's part)
         self.punching: set[ID] = set()
         self.punch_s = 0.0  # how long the last punch that worked took to dial through
@@ -101,7 +102,7 @@ class SwarmDCUtR(DCUtRProtocol):
     async def _close_relayed_conns_after_grace(
         self, peer_id: ID, grace: float = RELAY_GRACE_S
     ) -> None:
-        await super()._close_relayed_conns_after_grace(peer_id, min(grace, RELAY_GRACE_S))
+        await super()._close_relayed_conns_after_grace(peer_id, min(grace, self.relay_grace_s))
 
     async def _get_observed_addrs(self) -> list[bytes]:
         addrs = await super()._get_observed_addrs()
@@ -198,7 +199,9 @@ class ReachabilityBehaviour:
         # Every node answers DCUtR (docs/libp2p.md#hole-punching); one with a relayed
         # connection (a private node's, to another) tries to replace it by a direct one
         # through both NATs.
-        self.dcutr = SwarmDCUtR(self.host)
+        self.dcutr = SwarmDCUtR(
+            self.host, relay_grace_s=settings.get("relay_grace_s", RELAY_GRACE_S)
+        )
         # A public node answers AutoNAT dial-back requests on fresh connections
         # (docs/libp2p.md#autonat-dial-back); one public by an address or a UPnP mapping (or
         # --announce) asks peers to dial it back (net/autonat.py, _check_reachability).

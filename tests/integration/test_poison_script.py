@@ -33,8 +33,12 @@ def _run(out: Path, model: Path, defences: str, *more: str) -> dict:
             "2",
             "--eval-every",
             "2",
+            # the evaluation's path, at its smallest: one held-out task, one sample and
+            # the greedy completion (it cost more than the rounds)
             "--set",
-            "eval.tasks=4",
+            "eval.tasks=1",
+            "--set",
+            "eval.samples=1",
             "--set",
             "generation.max_new_tokens=80",
             # longer than the outside-answer bound set here (32; completions are 80

@@ -50,6 +50,17 @@ from tests.support.namespaces import script_main
 
 REPO = Path(__file__).resolve().parents[2]
 VALID = REPO / "protocol" / "vectors" / "valid"
+RELAY_GRACE_S = 3.0  # a punched pair's relayed connection closes this long after (10 s)
+
+
+class Member(Libp2pTransport):
+    """The node's network process, closing a relayed connection RELAY_GRACE_S after a
+    hole punch replaced it (net/reachability.py, ``SwarmDCUtR``): the check that it
+    closes waits that long."""
+
+    def _spawn(self) -> None:
+        self.settings["relay_grace_s"] = RELAY_GRACE_S
+        super()._spawn()
 
 
 class Netns:
@@ -183,7 +194,7 @@ def run(deliver_s: float) -> dict[str, object]:
     def start(name: str, where: str | None, listen: str, boot: list[str], **net) -> None:
         section = NetSection(swarm="nat-test", listen=[listen], bootstrap=boot, redial_s=1.0, **net)
         with ns.inside(where):
-            members[name] = Libp2pTransport(section, pool, Path(tmp) / name)
+            members[name] = Member(section, pool, Path(tmp) / name)
 
     def addr(name: str) -> str:
         t = members[name]
