@@ -178,7 +178,7 @@ def _peer_id(data_dir: Path) -> str:
     from sapo_node.net import NetError, identity
 
     try:
-        return identity.peer_id(identity.load_or_create(data_dir))
+        return identity.peer_id_of(data_dir)
     except NetError as exc:
         raise SwarmError(str(exc)) from None
 

@@ -269,7 +269,7 @@ class Node:
 
     def __post_init__(self) -> None:
         self.data_dir = self.root / self.name
-        self.peer_id = identity.peer_id(identity.load_or_create(self.data_dir))
+        self.peer_id = identity.peer_id_of(self.data_dir)
 
     @property
     def ip(self) -> str:
@@ -371,7 +371,7 @@ class Rogue:
 
     def __post_init__(self) -> None:
         self.data_dir = self.root / "rogue"
-        self.peer_id = identity.peer_id(identity.load_or_create(self.data_dir))
+        self.peer_id = identity.peer_id_of(self.data_dir)
 
     def start(self, nodes: list[Node], topic: str, now: float) -> None:
         log = self.data_dir / f"rogue.{len(self.lives)}.log"

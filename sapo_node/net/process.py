@@ -64,8 +64,7 @@ class Libp2pTransport:
         start_timeout_s: float = 60.0,
         queue_size: int = 256,
     ) -> None:
-        key = identity.load_or_create(data_dir)
-        self.peer_id = identity.peer_id(key)
+        self.peer_id = identity.peer_id_of(data_dir)
         # The shard topics this node joins (docs/scale.md), its home shard's first: with
         # one shard, the swarm's single topic.
         self.shards = wire.shards_of(identity.id_bytes(self.peer_id), net.shards, net.shards_joined)

@@ -113,7 +113,7 @@ def test_a_file_a_program_and_a_generating_member_reach_a_learning_node(
         learner, extra=("--no-train", "--generate")
     )
     sharer_dir = tmp_path / "sharer"
-    sharer = identity.peer_id(identity.load_or_create(sharer_dir))
+    sharer = identity.peer_id_of(sharer_dir)
     env = {**os.environ, "PYTHONPATH": str(REPO), "SAPO_NET__MDNS": "false"}
     share = [sys.executable, "-m", "sapo_node.cli", "share", "--config", str(config)]
     share += ["--data-dir", str(sharer_dir), "--bootstrap", learner.addr, "--wait-s", "120"]

@@ -40,7 +40,7 @@ class Member:
     def __init__(self, name: str, root: Path, where: str | None) -> None:
         self.name, self.where = name, where
         self.data_dir = root / name
-        self.peer_id = identity.peer_id(identity.load_or_create(self.data_dir))
+        self.peer_id = identity.peer_id_of(self.data_dir)
         self.log = root / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 

@@ -79,7 +79,7 @@ class NodeProcess:
         self.name, self.config = name, config
         self.data_dir = root / name
         self.port = free_port()
-        self.peer_id = identity.peer_id(identity.load_or_create(self.data_dir))
+        self.peer_id = identity.peer_id_of(self.data_dir)
         self.log = self.data_dir / "node.log"
         self.proc: subprocess.Popen | None = None
 
