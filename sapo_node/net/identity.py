@@ -3,11 +3,11 @@ created on first start and reused after, so the peer ID survives restarts.
 
 The node's own process needs only its peer ID (:func:`peer_id_of`), which this module
 reads from the key file without loading py-libp2p: the library is imported by the
-network process, and loading it in the node's process too cost every start about a
-second of CPU. The file is libp2p's serialized private key (a protobuf: key type
-Ed25519, the 32-byte seed); the peer ID is the identity multihash of the serialized
-public key, in base58 (docs/libp2p.md#peer-ids). A file in any other form is read by
-the library (:func:`load`), which refuses it with the reason.
+network process, and loading it in the node's process too made every start slower. The
+file is libp2p's serialized private key (a protobuf: key type Ed25519, the 32-byte
+seed); the peer ID is the identity multihash of the serialized public key, in base58
+(docs/libp2p.md#peer-ids). A file in any other form is read by the library
+(:func:`load`), which refuses it with the reason.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def test_the_id_bytes_of_leading_ones_and_bad_text() -> None:
 
 def test_the_nodes_own_process_does_not_load_libp2p(tmp_path: Path) -> None:
     """The network process loads it; the node's process (its transport) needs only the
-    peer ID, and the library took it about a second of CPU at every start."""
+    peer ID, and loading the library made every start slower."""
     code = (
         "import sys; from pathlib import Path; import sapo_node.net.process, sapo_node.node; "
         "from sapo_node.net import identity; "
