@@ -11,8 +11,9 @@ Layout::
 A checkpoint is written under a temporary name, fsynced, then renamed; LATEST is
 replaced atomically after that. A crash at any point leaves the previous checkpoint
 intact; a round saved again keeps its first save aside until the new one is in place,
-and LATEST finds it there after a crash between the two renames. Loading checks the manifest's hashes and the model fingerprint: a corrupt or
-foreign checkpoint raises CheckpointError, never a silent restart from scratch.
+and LATEST finds it there after a crash between the two renames. Loading checks the
+manifest's hashes and the model fingerprint: a corrupt or foreign checkpoint raises
+CheckpointError, never a silent restart from scratch.
 """
 
 from __future__ import annotations
