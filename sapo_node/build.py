@@ -51,6 +51,7 @@ def build_node(
         data_dir.mkdir(parents=True, exist_ok=True)
         lock = lock_data_dir(data_dir)
         undo.callback(lock.close)
+        seed = node_seed(data_dir, config.node.seed)  # a broken node.json: said before any load
         if config.node.threads:
             torch.set_num_threads(config.node.threads)
         m, g = config.model, config.generation
@@ -108,7 +109,7 @@ def build_node(
         parts = Parts(
             data_dir=data_dir,
             lock=lock,
-            seed=node_seed(data_dir, config.node.seed),
+            seed=seed,
             policy=policy,
             scorer=scorer,
             curriculum=curriculum,

@@ -56,8 +56,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sapo_node import wire  # noqa: E402
 from sapo_node.config import Config, _deep_merge  # noqa: E402
+from sapo_node.intake import wire  # noqa: E402
 from sapo_node.intake.defence import CHECKED  # noqa: E402
 from sapo_node.net.memory import MemoryHub  # noqa: E402
 from sapo_node.ops.lifecycle import cap_kernel_caches, fix_mmap_threshold  # noqa: E402

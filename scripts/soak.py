@@ -98,8 +98,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sapo_node import wire  # noqa: E402
 from sapo_node.config import PoolSection  # noqa: E402
+from sapo_node.intake import wire  # noqa: E402
 from sapo_node.intake.pool import PoolError, summary  # noqa: E402
 from sapo_node.metrics import upgrade  # noqa: E402
 from sapo_node.net import identity  # noqa: E402

@@ -309,8 +309,7 @@ class TrainSection(_Section):
         "round between 0 and it, I + J staying local_groups + external_groups, from the "
         "moving share of this node's own groups with signal: fewer with signal, more from "
         "the swarm (sapo_node/intake/demand.py). A node alone takes none, as with J = 0. "
-        "Measured: no "
-        "gain over a fixed J (docs/results/teaching-cpu/).",
+        "Measured: no gain over a fixed J (docs/results/teaching-cpu/).",
     )
     external_use: Literal["text", "answers", "tasks"] = Field(
         "text",
