@@ -181,6 +181,7 @@ class DiscoveryBehaviour:
         self.resolved_at = -RESOLVE_EVERY_S
         self.alone_since: float | None = None  # set at the first discovery pass
         self.pass_s = 0.0  # how long the last discovery pass took
+        self.passes = 0  # discovery passes ended
         # A pass dials this many peers at once, for at most this long (None: no bound).
         self.dial_concurrency = int(settings.get("dial_concurrency", DIAL_CONCURRENCY))
         self.dial_pass_s: float | None = settings.get("dial_pass_s", DIAL_PASS_S)
@@ -256,6 +257,7 @@ class DiscoveryBehaviour:
                 await self._reserve()
             await self._dial_known(skip=boot)
             self.pass_s = trio.current_time() - began
+            self.passes += 1
             await trio.sleep(self.s["redial_s"])
 
     async def _announce(self, keys: list[str], connected: set[ID]) -> None:

@@ -248,6 +248,7 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
             "autonat_answers": dict(self.autonat_answers),
             "autonat_served": dict(self.autonat.dial_backs),
             "discovery_pass_s": round(self.pass_s, 3),
+            "discovery_passes": self.passes,
             "relays": len(self.relays),
             "routing_table": self.dht.get_routing_table_size() if self.dht is not None else 0,
             "dht_lan_addrs": self._dht_lan_addrs(),
