@@ -30,7 +30,12 @@ def _run(model_dir: Path, data_dir: Path, rounds: int, lora: bool = False) -> li
     return [json.loads(x) for x in lines]
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+# The LoRA case differed by one generated token at round 1, before any resume, in 2 of 4
+# fresh-clone runs on 2026-12-05 (and passed alone): a nondeterminism not yet found, kept
+# in `make test-slow` until it is.
+@pytest.mark.parametrize(
+    "lora", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["full", "lora"]
+)
 def test_stop_and_resume_equals_an_uninterrupted_run(
     tiny_model_dir: Path, tmp_path: Path, lora: bool
 ) -> None:
