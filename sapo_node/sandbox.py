@@ -420,6 +420,9 @@ def _worker_main(
         try:
             request = conn.recv_bytes()
         except (EOFError, OSError):  # parent closed the pipe or died
+            # A parent that died cannot remove the working directory; one that closed the
+            # pipe removes it too (both ignore errors), so remove it on every way out.
+            shutil.rmtree(workdir, ignore_errors=True)
             return
         _send(conn, _run_one(fn, request))
 

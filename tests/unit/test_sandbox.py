@@ -412,12 +412,17 @@ def test_close_leaves_no_child_and_is_idempotent() -> None:
         sandbox.call(2)
 
 
-def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
-    """A parent killed with SIGKILL (no cleanup at all) must not leave its worker running."""
+@pytest.mark.parametrize("busy", [True, False], ids=["busy", "idle"])
+def test_worker_dies_with_its_parent(tmp_path: Path, busy: bool) -> None:
+    """A parent killed with SIGKILL (no cleanup at all) must not leave its worker running,
+    nor its working directory: whether the worker is spinning in a call (its watcher thread
+    notices) or idle, waiting for a request (it reads end-of-file first)."""
     script = tmp_path / "parent.py"
+    # A request written before the pid is printed is read before the pipe's end-of-file.
+    send = 'sandbox._worker.conn.send_bytes(__import__("pickle").dumps(()))' if busy else "pass"
     script.write_text(
         textwrap.dedent(
-            """
+            f"""
             import sys, time
             from sapo_node.sandbox import Sandbox
             from test_sandbox import hang
@@ -426,8 +431,8 @@ def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
                 sandbox = Sandbox(hang)
                 sandbox._lock.acquire()
                 assert sandbox._start() is None
+                {send}
                 print(sandbox._worker.process.pid, sandbox._worker.workdir, flush=True)
-                sandbox._worker.conn.send_bytes(__import__("pickle").dumps(()))
                 time.sleep(60)
             """
         ),
