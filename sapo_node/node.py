@@ -178,6 +178,7 @@ class Node:
         self._net_before = NetStats()
         self._outcomes_before: Counter[str] = Counter()
         self._outcomes_before = self._pool_outcomes()
+        self._expired_before = self.pool.expired_drawable
         self.round = 0
         self.cumulative_reward = 0.0
         self.mix = Mix()  # own groups' signal and per-family reward: J and the need
@@ -249,17 +250,7 @@ class Node:
         record.update(age_record(theirs, r, self.pool.clock()))
         record.update(self._net_record(published, inbound))
         record.update(self._outcome_record())
-        record["train/j_unfilled_expired"] = unfilled = _unfilled_for_expiry(
-            j if self.trains else 0, len(external), record.get("peer_groups/expired", 0)
-        )
-        if unfilled:
-            log.warning(
-                "J not filled: peers' groups aged out of the pool before this round drew them",
-                round=r,
-                j=j,
-                unfilled=unfilled,
-                max_age_s=self.pool.max_age_s,
-            )
+        record.update(self._unfilled_record(r, j if self.trains else 0, len(external)))
         if self.config.eval.every and (r + 1) % self.config.eval.every == 0:
             with timer("eval"):
                 report = self.evaluate()
@@ -463,6 +454,30 @@ class Node:
             "net/bytes_out": now.bytes_out - before.bytes_out,
         }
 
+    def _unfilled_record(self, r: int, j: int, drawn: int) -> dict[str, int]:
+        """Slots of J the draw left to own groups, and two reasons that can be told apart:
+        groups it could take that the per-author cap held back (``defence.max_author_share``)
+        and ones that aged out of the pool since the previous round (``pool.max_age_s``).
+        The rest: the pool held no more that it could take (few peers' groups with signal,
+        or their authors distrusted)."""
+        expired = self.pool.expired_drawable - self._expired_before
+        self._expired_before = self.pool.expired_drawable
+        unfilled = max(0, j - drawn)
+        out = {
+            "train/j_unfilled": unfilled,
+            "train/j_unfilled_capped": min(unfilled, self.pool.last_capped),
+            "train/j_unfilled_expired": min(unfilled, expired),
+        }
+        if out["train/j_unfilled_expired"]:
+            log.warning(
+                "J not filled: peers' groups aged out of the pool before this round drew them",
+                round=r,
+                j=j,
+                unfilled=unfilled,
+                max_age_s=self.pool.max_age_s,
+            )
+        return out
+
     def _outcome_record(self) -> dict[str, int]:
         """Peers' groups by outcome since the previous round (``peer_groups/<outcome>``,
         non-zero ones): accepted, each refusal reason (``too_old`` on arrival,
@@ -639,18 +654,6 @@ def _is_out_of_memory(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return "out of memory" in text or "can't allocate memory" in text
-
-
-def _unfilled_for_expiry(j: int, drawn: int, expired: int) -> int:
-    """Slots of J that the pool's draw left to own groups while peers' groups expired
-    (aged past ``pool.max_age_s``) since the previous round: at most both. Nonzero when
-    rounds run slower than the age bound allows, as an in-process swarm's can on a busy
-    machine; the round's metrics say so (``train/j_unfilled_expired``).
-
-    >>> _unfilled_for_expiry(4, 1, 2), _unfilled_for_expiry(4, 4, 9), _unfilled_for_expiry(4, 0, 0)
-    (2, 0, 0)
-    """
-    return min(max(0, j - drawn), expired)
 
 
 def _derive(seed: int, *parts: object) -> int:

@@ -344,6 +344,11 @@ class Pool:
         self._index: dict[int, Candidate] = {}
         self._held: dict[str, dict[int, int]] = {}
         self._author_bytes: Counter[str] = Counter()
+        # Why a draw came up short (``train/j_unfilled_*``): how many groups it could take
+        # the last sample's per-author cap held back, and how many such groups aged out
+        # (exclusions aside) since this object opened.
+        self.last_capped = 0
+        self.expired_drawable = 0
         with self._lock, self._db:
             self._load_index()
             self._expire(self.clock())
@@ -435,6 +440,7 @@ class Pool:
         rest skipped), the authors in ``together`` counted as one, and none from the
         authors in ``exclude`` (they stay pooled). ``need``: this node's failure rate
         per family, for the policies that weigh it (``Candidate.need``; 1 if absent)."""
+        self.last_capped = 0
         if count <= 0:
             return []
         with self._lock, self._consistent():
@@ -443,6 +449,7 @@ class Pool:
             if need is not None:
                 cands = [replace(c, need=need.get(c.family, 1.0)) for c in cands]
             policy = POLICIES[self.sampling]
+            capped = 0
             if per_author is None or per_author >= count:
                 keys = policy(cands, count, rng)
             else:
@@ -453,8 +460,11 @@ class Pool:
                     if taken[who] < per_author:
                         taken[who] += 1
                         keys.append(key)
+                    else:
+                        capped += 1
                     if len(keys) == count:
                         break
+            self.last_capped = capped
             out = []
             for key in keys:
                 author, rewards, received, received_round, message = self._db.execute(
@@ -563,6 +573,10 @@ class Pool:
             largest = max(self._author_bytes, key=self._author_bytes.__getitem__)
             self._delete([next(iter(self._held[largest]))], "evicted_full")
 
+    def _drawable(self, c: Candidate) -> bool:
+        """Whether the sampling policy could take this group (``uniform`` takes any)."""
+        return c.has_signal or self.sampling == "uniform"
+
     def _expire(self, now: float) -> None:
         cutoff = now - self.max_age_s
         stale = [
@@ -572,6 +586,7 @@ class Pool:
             )
         ]
         if stale:
+            self.expired_drawable += sum(self._drawable(self._index[k]) for k in stale)
             self._delete(stale, AGED_OUT)
         self._db.execute("DELETE FROM seen WHERE time < ?", (cutoff,))
 

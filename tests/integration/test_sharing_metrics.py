@@ -272,3 +272,62 @@ def test_a_j_left_unfilled_because_groups_expired_is_recorded(
     assert filled["groups/external"] == 2 and filled["train/j_unfilled_expired"] == 0
     assert starved["peer_groups/expired"] == 2 and starved["groups/external"] == 0
     assert starved["train/j_unfilled_expired"] == 2
+
+
+def _paper_node(model_dir: Path, data_dir: Path, max_author_share: float) -> Node:
+    overrides = sevens_overrides(
+        model_dir,
+        data_dir,
+        node={"seed": 5},
+        generation={"max_new_tokens": 8, "completions_per_task": 8},
+        train={"lr": 1e-2, "local_groups": 2, "external_groups": 2},
+        pool={"sampling": "paper"},  # only groups with signal are drawn
+        defence={"enabled": True, "max_author_share": max_author_share},
+    )
+    return build_node(load_config(overrides=overrides, environ={}))
+
+
+SIGNAL, NO_SIGNAL = ("7777", "abcd", "77ab", "ab"), ("abcd", "ab", "abc", "xyz")
+
+
+def test_only_groups_a_draw_could_take_count_as_expired_for_j(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A J left unfilled is blamed on expiry only as far as groups the draw could have
+    taken aged out: with ``paper`` sampling, groups with signal. Groups without signal
+    aging out at the same time are no reason (the tasks-cpu run's 2/2 arm was called void
+    for them: the count then took every expired group)."""
+    now = [time.time()]
+    node = _paper_node(tiny_model_dir, tmp_path / "n", 1.0)
+    node.pool.clock = lambda: now[0]
+    try:
+        crafted = [SIGNAL, SIGNAL, SIGNAL, NO_SIGNAL, NO_SIGNAL]
+        for i, completions in enumerate(crafted):
+            group = dataclasses.replace(_crafted(i, completions), created_ms=int(now[0] * 1000))
+            assert node.receive(wire.encode(group), f"peer-{i}").outcome == "accepted"
+        filled = node.run_round(0)  # draws two of the three with signal
+        now[0] += node.config.pool.max_age_s + 1  # the one left with signal and both without
+        node.round = 1
+        starved = node.run_round(1)
+    finally:
+        node.close()
+    assert filled["groups/external"] == 2 and filled["train/j_unfilled"] == 0
+    assert starved["peer_groups/expired"] == 3 and starved["groups/external"] == 0
+    assert starved["train/j_unfilled"] == 2
+    assert starved["train/j_unfilled_expired"] == 1
+    assert starved["train/j_unfilled_capped"] == 0
+
+
+def test_a_j_left_unfilled_by_the_share_cap_says_so(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Three groups with signal, all from one peer, and J = 2 with at most half of it from
+    one peer: the draw takes one, and the round names the cap, not expiry, as the reason."""
+    node = _paper_node(tiny_model_dir, tmp_path / "n", 0.5)
+    try:
+        for i in range(3):
+            assert node.receive(wire.encode(_crafted(i, SIGNAL)), "peer-a").outcome == "accepted"
+        rec = node.run_round(0)
+    finally:
+        node.close()
+    assert rec["groups/external"] == 1
+    assert rec["train/j_unfilled"] == 1 and rec["train/j_unfilled_capped"] == 1
+    assert rec["train/j_unfilled_expired"] == 0
