@@ -73,7 +73,7 @@ PROVIDE_EVERY_S = 600.0
 
 # A node with at least the mesh degree of its topics' members connected looks their
 # providers up this often, not every pass: each lookup costs every peer it asks, and at
-# 24 nodes the DHT was a quarter of a member's network CPU (docs/scale.md).
+# 24 nodes the DHT was a large share of a member's network CPU (docs/scale.md#shown-to-hold).
 LOOKUP_EVERY_S = 60.0
 # The most an announcement in the DHT or a lookup of its members takes; each runs in the
 # background, one at a time (DiscoveryBehaviour._announce, _look_up).
