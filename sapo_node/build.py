@@ -62,6 +62,7 @@ def build_node(
             lora=m.lora,
             cache_dir=data_dir / "models",
             gradient_checkpointing=m.gradient_checkpointing,
+            seed=seed,  # the adapter's initial weights: the node seed's, not the process's
         )
         sc = config.scoring
         scorer = Scorer(

@@ -161,11 +161,29 @@ def load_policy(
     lora: LoraSection,
     cache_dir: Path,
     gradient_checkpointing: bool = False,
+    seed: int = 0,
 ) -> Policy:
-    """Load model and tokenizer; every failure becomes one ModelLoadError."""
+    """Load model and tokenizer; every failure becomes one ModelLoadError.
+
+    ``seed`` fixes the weights that are drawn rather than loaded (LoRA's A matrices, and
+    any weight the model directory lacks): the same seed builds the same model whatever
+    the process drew from torch's RNG before, and that RNG's state is restored after."""
+    dev = select_device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return _load_policy(name, dev, dtype, lora, cache_dir, gradient_checkpointing)
+
+
+def _load_policy(
+    name: str,
+    dev: torch.device,
+    dtype: str,
+    lora: LoraSection,
+    cache_dir: Path,
+    gradient_checkpointing: bool,
+) -> Policy:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dev = select_device(device)
     compute = select_dtype(dtype, dev)
     if dev.type == "cpu" and compute == torch.float16:
         raise ModelLoadError("float16 is not supported on the CPU; use float32")

@@ -1,11 +1,13 @@
 """``build_node`` makes a node's parts from its config, and a part that fails leaves
-nothing held: the data directory's lock is released for the next try."""
+nothing held: the data directory's lock is released for the next try. The weights a node
+draws (LoRA's A matrices) come from its seed, not from what the process drew before."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from sapo_node.build import build_node
 from sapo_node.config import load_config
@@ -39,3 +41,31 @@ def test_a_pool_that_cannot_open_leaves_the_data_dir_free(
         assert node.round == 0 and node.trains and node.pool is not None
     finally:
         node.close()
+
+
+def _adapter(model_dir: Path, data_dir: Path, seed: int) -> dict[str, torch.Tensor]:
+    overrides = sevens_overrides(
+        model_dir, data_dir, node={"seed": seed}, model={"lora": {"enabled": True, "r": 4}}
+    )
+    node = build_node(load_config(overrides=overrides, environ={}))
+    try:
+        return node.policy.trainable_state()
+    finally:
+        node.close()
+
+
+def test_a_lora_node_draws_its_adapter_from_its_seed_not_the_process(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    torch.manual_seed(1)
+    first = _adapter(tiny_model_dir, tmp_path / "a", seed=7)
+    torch.manual_seed(2)  # another test, or an earlier node, drew before this one
+    before = torch.get_rng_state()
+    second = _adapter(tiny_model_dir, tmp_path / "b", seed=7)
+    after = torch.get_rng_state()
+    other = _adapter(tiny_model_dir, tmp_path / "c", seed=8)
+    a_matrices = [n for n in first if "lora_A" in n]
+    assert a_matrices and first.keys() == second.keys() == other.keys()
+    assert all(torch.equal(first[n], second[n]) for n in first)
+    assert not all(torch.equal(first[n], other[n]) for n in a_matrices)
+    assert torch.equal(after, before)  # and the process's RNG is left as it was

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from sapo_node.build import build_node
 from sapo_node.checkpoint import CheckpointError
@@ -30,17 +31,17 @@ def _run(model_dir: Path, data_dir: Path, rounds: int, lora: bool = False) -> li
     return [json.loads(x) for x in lines]
 
 
-# The LoRA case differed by one generated token at round 1, before any resume, in 2 of 4
-# fresh-clone runs on 2026-12-05 (and passed alone): a nondeterminism not yet found, kept
-# in `make test-slow` until it is.
-@pytest.mark.parametrize(
-    "lora", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["full", "lora"]
-)
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_stop_and_resume_equals_an_uninterrupted_run(
     tiny_model_dir: Path, tmp_path: Path, lora: bool
 ) -> None:
+    # Each run starts from another state of torch's RNG, as after other work in the same
+    # process: what a node draws (its adapter) must come from its seed alone.
+    torch.manual_seed(1)
     straight = _run(tiny_model_dir, tmp_path / "straight", 5, lora)
+    torch.manual_seed(2)
     _run(tiny_model_dir, tmp_path / "resumed", 2, lora)
+    torch.manual_seed(3)
     resumed = _run(tiny_model_dir, tmp_path / "resumed", 5, lora)
     keys = (
         "round",
