@@ -83,7 +83,7 @@ def identity(
     from sapo_node.intake import wire
     from sapo_node.net import NetError
     from sapo_node.net import identity as ident
-    from sapo_node.net.reach import decide
+    from sapo_node.net.reach import count_as_lan, decide
     from sapo_node.net.reachability import announced_addresses
 
     cfg = load_with_flags(config, data_dir=data_dir, listen=listen, announce=announce)
@@ -97,6 +97,7 @@ def identity(
     for addr in addrs:
         note = "  (port chosen at start: see its log)" if addr.endswith("/tcp/0") else ""
         typer.echo(f"address: {addr}/p2p/{peer}{note}")
+    count_as_lan(cfg.net.lan_ranges)
     reachability = decide(cfg.net.reachability, cfg.net.announce, addrs)
     typer.echo(f"reachability: {reachability}  ({REACHABILITY_NOTE[reachability]})")
     if cfg.net.shards > 1:

@@ -7,8 +7,9 @@ half of it for bootstrap peers, which these are).
     python scripts/bench_discovery.py [--peers 20]
 
 It runs in a network namespace of its own (it re-runs itself under ``unshare -rn``),
-where 10.99.0.0/24 is routed into ``lo`` and answers nothing: each dial waits out its
-5 s timeout, as a dial to a stranger's 192.168.x address does. One real network process
+where 198.18.99.0/24 (in 198.18.0.0/15, the range reserved for such tests) is routed into
+``lo`` and answers nothing: each dial waits out its 5 s timeout, as a dial to a
+stranger's 192.168.x address does. One real network process
 per arm, its bootstrap list the dead peers (dialled every pass, as the peers a DHT
 hands out are until they back off); the pass time is the one the process reports.
 Prints one JSON line; figures in docs/benchmarks.md.
@@ -38,7 +39,7 @@ def dead_peers(n: int, tmp: Path) -> list[str]:
     out = []
     for i in range(n):
         key = identity.load_or_create(tmp / f"dead-{i}")
-        out.append(f"/ip4/10.99.0.{i + 1}/tcp/4141/p2p/{identity.peer_id(key)}")
+        out.append(f"/ip4/198.18.99.{i + 1}/tcp/4141/p2p/{identity.peer_id(key)}")
     return out
 
 
@@ -111,7 +112,7 @@ def main() -> int:
         print(f"interfaces {names}: not a fresh namespace", file=sys.stderr)
         return 3
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    subprocess.run(["ip", "route", "add", "10.99.0.0/24", "dev", "lo"], check=True)
+    subprocess.run(["ip", "route", "add", "198.18.99.0/24", "dev", "lo"], check=True)
     print(json.dumps(run(args.peers)), flush=True)
     return 0
 

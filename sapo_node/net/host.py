@@ -69,6 +69,7 @@ async def _main(in_fd: int, out_fd: int) -> int:
     configure_logging(json_logs=settings.get("json_logs", False))
     try:
         patches.apply()  # a py-libp2p they do not fit: one line, as the fatal error
+        reach.count_as_lan(settings.get("lan_ranges", []))
         check_ports_free([multiaddr.Multiaddr(a) for a in settings["listen"]])
         mapping = await _map_port(settings)
         network = Network(settings, out, mapping, exit_now=_exit)

@@ -95,6 +95,7 @@ class Libp2pTransport:
             "mdns": net.mdns,
             "dht": net.dht,
             "reachability": net.reachability,
+            "lan_ranges": list(net.lan_ranges),
             "upnp": net.upnp,
             "autonat": net.autonat,
             "nameservers": list(net.nameservers),

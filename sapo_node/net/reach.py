@@ -16,8 +16,11 @@ decides its reachability once, at start (:func:`decide`):
   and can dial it, so it serves the DHT as a public node does.
 
 "LAN" here is the ranges no router forwards: RFC 1918, carrier-grade NAT (100.64/10),
-link-local, loopback and their IPv6 kin. Every other address counts as reachable
-(the network-namespace tests use 198.18.0.0/15 as their internet).
+link-local, loopback and their IPv6 kin, and any range ``net.lan_ranges`` adds (a site
+numbered out of other space: :func:`count_as_lan`). Every other address counts as
+reachable. The network-namespace tests use 198.18.0.0/16 as their internet and
+198.19.0.0/16, given as ``net.lan_ranges`` to every node they start, for the LANs behind
+their routers (docs/development.md).
 """
 
 from __future__ import annotations
@@ -44,6 +47,21 @@ _LAN = tuple(
         "::/128",
     )
 )
+_added: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()  # net.lan_ranges
+
+
+def count_as_lan(ranges: Iterable[str]) -> None:
+    """Count ``ranges`` (CIDR networks, ``net.lan_ranges``) as LAN too, besides the
+    built-in ones, in this process from now on (the network process and ``sapo-node
+    identity`` call it with the config's). Raises ValueError on a malformed one.
+
+    >>> count_as_lan(["198.19.0.0/16"]); is_lan("198.19.1.2"), is_lan("198.18.1.2")
+    (True, False)
+    >>> count_as_lan([]); is_lan("198.19.1.2")
+    False
+    """
+    global _added
+    _added = tuple(ipaddress.ip_network(r) for r in ranges)
 
 
 def ip_of(addr: str) -> str | None:
@@ -68,7 +86,7 @@ def is_lan(ip: str) -> bool:
         ip_obj = ipaddress.ip_address(ip)
     except ValueError:
         return True
-    return any(ip_obj in net for net in _LAN if net.version == ip_obj.version)
+    return any(ip_obj in net for net in (*_LAN, *_added) if net.version == ip_obj.version)
 
 
 def is_lan_addr(addr: str) -> bool:

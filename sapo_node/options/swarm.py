@@ -3,6 +3,7 @@ defences, the network (swarm, discovery, reachability) and the status endpoint."
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
@@ -182,6 +183,15 @@ class NetSection(_Section):
         "announce addresses or an address outside the LAN ranges, private behind NAT (DHT "
         "client, announces nothing, shows no LAN address to peers outside the LAN).",
     )
+    lan_ranges: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Address ranges (CIDR, e.g. 198.19.0.0/16) counted as LAN besides the "
+        "built-in ones (RFC 1918, 100.64/10, link-local, loopback and their IPv6 kin): for a "
+        "network numbered out of other space that no router forwards. A node whose "
+        "addresses are all LAN ones is private (auto), and LAN addresses are never handed "
+        "to peers elsewhere.",
+    )
     autonat: bool = Field(
         True,
         description="AutoNAT: a public node dials back peers that ask whether they are "
@@ -264,6 +274,18 @@ class NetSection(_Section):
     def _nameservers(cls, value: list[str]) -> list[str]:
         for text in value:
             parse_nameserver(text)
+        return value
+
+    @field_validator("lan_ranges")
+    @classmethod
+    def _lan_ranges(cls, value: list[str]) -> list[str]:
+        for text in value:
+            try:
+                ipaddress.ip_network(text)
+            except ValueError as exc:
+                raise ValueError(
+                    f"net.lan_ranges: {text!r} is not a network such as 198.19.0.0/16 ({exc})"
+                ) from None
         return value
 
     @model_validator(mode="after")

@@ -32,7 +32,7 @@ def test_two_nodes_find_each_other_by_mdns_and_exchange_messages(mode: str) -> N
     assert code == 0 and result["ok"], f"exit {code}: {result}\nlog:\n{log}"
     assert result["mode"] == mode
     if mode == "veth":  # each node's own address on the link, not 0.0.0.0
-        assert result["addrs"]["a"][0].startswith("/ip4/10.77.0.1/tcp/")
-        assert result["addrs"]["b"][0].startswith("/ip4/10.77.0.2/tcp/")
+        assert result["addrs"]["a"][0].startswith("/ip4/198.19.77.1/tcp/")
+        assert result["addrs"]["b"][0].startswith("/ip4/198.19.77.2/tcp/")
     if mode == "ipfs":
         assert result["ipfs_dialled_by"] == []

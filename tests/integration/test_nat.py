@@ -2,8 +2,9 @@
 two home routers doing nftables masquerade, one of them symmetric) and removes when its
 user namespace ends: ``tests/support/nat_swarm.py`` says what it builds and checks.
 
-Nothing leaves the namespaces: their addresses are 198.18.0.0/15 and, behind the home
-routers, 10.0.0.0/8, inside a network namespace of their own. The UPnP router's IGD is a
+Nothing leaves the namespaces, and their addresses are in 198.18.0.0/15 only: 198.18/16
+the internet, 198.19/16 the LANs behind the home routers (each node counts it as LAN:
+``net.lan_ranges``, tests/support/nat_swarm.py). The UPnP router's IGD is a
 small Python one (tests/support/igd.py; tests/support/nat_upnp.py says why not miniupnpd).
 Where namespaces or nftables are missing the test is skipped with the reason; `.ci/run`
 installs nftables and sets ``SAPO_REQUIRE_NAMESPACES=1``, so CI runs it or fails.
@@ -93,7 +94,7 @@ def test_home_node_with_upnp_reads_public_and_is_dialled_directly() -> None:
     assert checks["pub_dialled_up"] and checks["pub_connections"] == [1, 0]  # direct, 0 relayed
     assert checks["router_maps_4141"] and checks["mapping_deleted"]
     # the router was asked by the node with UPnP on (found, selected, mapped, unmapped) only
-    assert checks["igd_asked_by"] == {"10.1.0.2": IGD_ACTIONS}
+    assert checks["igd_asked_by"] == {"198.19.1.2": IGD_ACTIONS}
 
 
 @pytest.mark.timeout(150)

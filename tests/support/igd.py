@@ -3,7 +3,7 @@ a home router's network namespace, it answers SSDP searches on the LAN, serves i
 description, and maps ports with nftables DNAT rules, so that a node's miniupnpc (the C
 library ``sapo_node/net/upnp.py`` calls) finds, asks and is forwarded to, for real.
 
-    python -m tests.support.igd --lan-ip 10.1.0.1 --wan-ip 198.18.1.2
+    python -m tests.support.igd --lan-ip 198.19.1.1 --wan-ip 198.18.1.2
 
 Why not miniupnpd: Debian's (2.3.1) maps nothing for a router whose WAN address is
 reserved, 198.18.0.0/15 included, and has no option to allow one; the namespace tests

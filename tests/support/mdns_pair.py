@@ -8,9 +8,10 @@ namespace's interfaces only, never on the machine's. It refuses to run (exit 3) 
 interface but ``lo`` exists when it starts: then it is not in a fresh namespace.
 
 - ``lo``: both nodes in this namespace, listening on 127.0.0.1, mDNS over ``lo``.
-- ``veth``: two namespaces joined by a veth pair (10.77.0.1/24 here, 10.77.0.2/24 in a
-  second namespace made here, where the second node's network process runs), both nodes
-  listening on 0.0.0.0 as the default config does: two machines on one LAN. Only the
+- ``veth``: two namespaces joined by a veth pair (198.19.77.1/24 here, 198.19.77.2/24 in
+  a second namespace made here, where the second node's network process runs), both nodes
+  listening on 0.0.0.0 as the default config does: two machines on one LAN (each counts
+  198.19/16 as LAN, ``net.lan_ranges``, as the NAT tests' homes do). Only the
   addresses of the interfaces are dialable from the other side, so it checks what mDNS
   announces.
 - ``ipfs``: as ``lo``, with a peer of IPFS's names beside them
@@ -92,15 +93,15 @@ class Namespaces:
         subprocess.run(["ip", *args], check=True, pass_fds=(self.other,))
 
     def join(self) -> None:
-        """va (10.77.0.1/24) here, vb (10.77.0.2/24) there, lo up in both."""
+        """va (198.19.77.1/24) here, vb (198.19.77.2/24) there, lo up in both."""
         lo_up()
         other = f"/proc/{os.getpid()}/fd/{self.other}"
         self.ip("link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", other)
-        self.ip("addr", "add", "10.77.0.1/24", "dev", "va")
+        self.ip("addr", "add", "198.19.77.1/24", "dev", "va")
         self.ip("link", "set", "va", "up")
         with self.inside():
             lo_up()
-            self.ip("addr", "add", "10.77.0.2/24", "dev", "vb")
+            self.ip("addr", "add", "198.19.77.2/24", "dev", "vb")
             self.ip("link", "set", "vb", "up")
 
 
@@ -124,7 +125,13 @@ def run(mode: str, find_s: float, deliver_s: float) -> dict[str, object]:
         namespaces.join()
         second = namespaces.inside()
     net = NetSection(
-        mdns=True, dht=False, bootstrap=[], listen=[listen], swarm="mdns-test", redial_s=1.0
+        mdns=True,
+        dht=False,
+        bootstrap=[],
+        listen=[listen],
+        swarm="mdns-test",
+        redial_s=1.0,
+        lan_ranges=["198.19.0.0/16"],
     )
     messages = {"a": (VALID / "minimal.msgpack").read_bytes()}
     messages["b"] = (VALID / "unicode.msgpack").read_bytes()

@@ -5,7 +5,8 @@
 in the namespaces of ``nat_swarm.py`` (a wan with two public addresses, home1 behind a
 port-preserving masquerade, home2 behind a symmetric one), with real ``sapo-node start``
 processes: two relays (``--no-train``, no model) on the wan, and a tiny-model trainer in
-each home, listening on 0.0.0.0 as by default, bootstrapped from the relays. It checks
+each home, listening on 0.0.0.0 as by default, bootstrapped from the relays; each is
+given ``net.lan_ranges`` (the homes' 198.19/16, through the environment). It checks
 that each trainer reads itself private, the relays public, and that each trainer
 accepts groups authored by the other (its status endpoint, asked inside its own
 namespace). It prints one JSON line and exits 0 if so, 1 if not, 3 if not in a fresh
@@ -28,7 +29,7 @@ from pathlib import Path
 from sapo_node.net import identity
 from tests.support.mdns_pair import wait_for
 from tests.support.namespaces import script_main
-from tests.support.nat_swarm import Netns, build
+from tests.support.nat_swarm import LAN_RANGES, Netns, build
 from tests.support.swarm import REPO, node_config
 
 RELAYS = {"pub1": "198.18.0.1", "pub2": "198.18.0.2"}
@@ -47,6 +48,8 @@ class Member:
     def start(self, ns: Netns, args: list[str]) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "SAPO_NET__ENABLED": "true"}
         env["SAPO_NET__MDNS"] = "false"
+        # the homes' LANs (198.19/16) count as LAN on every member (nat_swarm.LAN_RANGES)
+        env["SAPO_NET__LAN_RANGES"] = json.dumps(LAN_RANGES)
         with ns.inside(self.where), self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sapo_node.cli", "start", "--data-dir",

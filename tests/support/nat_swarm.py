@@ -3,17 +3,22 @@
     unshare -rn python -m tests.support.nat_swarm
 
 inside a user and network namespace of its own, which plays the internet ("wan",
-198.18.0.0/15, the range reserved for such tests). It makes, and removes with itself:
+198.18.0.0/16: these tests use 198.18.0.0/15, the range reserved for them, and nothing
+else). It makes, and removes with itself:
 
     wan       pub1 198.18.0.1, pub2 198.18.0.2 (two public nodes, addresses on lo)
       |-- r1 (198.18.1.2) nftables masquerade, ports kept (a home router)
-      |     home1: h1 10.1.0.2 (listening on 0.0.0.0, as by default)
-      |            h3 10.1.0.3:4142, the router forwarding 198.18.1.2:4142 to it,
+      |     home1: h1 198.19.1.2 (listening on 0.0.0.0, as by default)
+      |            h3 198.19.1.3:4142, the router forwarding 198.18.1.2:4142 to it,
       |               started with --announce /ip4/198.18.1.2/tcp/4142
       |-- r2 (198.18.2.2) nftables masquerade fully-random (a symmetric NAT)
-      |     home2: h2 10.2.0.2 (listening on 0.0.0.0)
+      |     home2: h2 198.19.2.2 (listening on 0.0.0.0)
       |-- r3 (198.18.3.2) nftables masquerade, ports kept (another home router)
-            home3: h4 10.3.0.2 (listening on 0.0.0.0)
+            home3: h4 198.19.3.2 (listening on 0.0.0.0)
+
+The home LANs are in 198.19.0.0/16, which every member is given as ``net.lan_ranges``
+(LAN_RANGES), so that it counts as LAN there as 192.168/16 does at home: the members
+judge their reachability, and what to hide and hold, as behind a real home router.
 
 Each router drops what comes from the wan unasked, as home routers do: routers that
 answered it with a reset (Linux's default) spoiled every punch, 0 of 2 runs.
@@ -50,6 +55,8 @@ from tests.support.namespaces import script_main
 
 REPO = Path(__file__).resolve().parents[2]
 VALID = REPO / "protocol" / "vectors" / "valid"
+# The home LANs behind the routers (198.19.i.0/24), counted as LAN by every member.
+LAN_RANGES = ["198.19.0.0/16"]
 RELAY_GRACE_S = 3.0  # a punched pair's relayed connection closes this long after (10 s)
 
 
@@ -156,16 +163,16 @@ table ip filter {{
 
 def add_home(ns: Netns, i: int, rules: str) -> None:
     """Home network i behind router r{i}: the router's WAN end 198.18.{i}.2/24 on the wan
-    (whose end is .1), its LAN 10.{i}.0.1/24, the home's host 10.{i}.0.2, forwarding on
-    and the router's nftables ``rules``."""
+    (whose end is .1), its LAN 198.19.{i}.1/24, the home's host 198.19.{i}.2, forwarding
+    on and the router's nftables ``rules``."""
     router, home = f"r{i}", f"home{i}"
     for name in (router, home):
         with ns.inside(name):
             lo_up()
     ns.link(None, f"r{i}w", f"198.18.{i}.1/24", router, "wan0", f"198.18.{i}.2/24")
-    ns.link(router, "lan0", f"10.{i}.0.1/24", home, "eth0", f"10.{i}.0.2/24")
+    ns.link(router, "lan0", f"198.19.{i}.1/24", home, "eth0", f"198.19.{i}.2/24")
     ns.run(router, "ip", "route", "add", "default", "via", f"198.18.{i}.1")
-    ns.run(home, "ip", "route", "add", "default", "via", f"10.{i}.0.1")
+    ns.run(home, "ip", "route", "add", "default", "via", f"198.19.{i}.1")
     ns.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
     ns.run(router, "nft", "-f", "-", stdin=rules)
 
@@ -174,11 +181,11 @@ def build(ns: Netns) -> None:
     lo_up()
     for ip in ("198.18.0.1/32", "198.18.0.2/32"):
         ns.run(None, "ip", "addr", "add", ip, "dev", "lo")
-    add_home(ns, 1, nat(True, (4142, "10.1.0.3")))
+    add_home(ns, 1, nat(True, (4142, "198.19.1.3")))
     add_home(ns, 2, nat(False, None))
     if "r3" in ns.fds:
         add_home(ns, 3, nat(True, None))
-    ns.run("home1", "ip", "addr", "add", "10.1.0.3/24", "dev", "eth0")
+    ns.run("home1", "ip", "addr", "add", "198.19.1.3/24", "dev", "eth0")
     ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
 
@@ -192,7 +199,14 @@ def run(deliver_s: float) -> dict[str, object]:
     pool = PoolSection()
 
     def start(name: str, where: str | None, listen: str, boot: list[str], **net) -> None:
-        section = NetSection(swarm="nat-test", listen=[listen], bootstrap=boot, redial_s=1.0, **net)
+        section = NetSection(
+            swarm="nat-test",
+            listen=[listen],
+            bootstrap=boot,
+            redial_s=1.0,
+            lan_ranges=LAN_RANGES,
+            **net,
+        )
         with ns.inside(where):
             members[name] = Member(section, pool, Path(tmp) / name)
 
@@ -249,7 +263,7 @@ def run(deliver_s: float) -> dict[str, object]:
             start(
                 "h3",
                 "home1",
-                "/ip4/10.1.0.3/tcp/4142",
+                "/ip4/198.19.1.3/tcp/4142",
                 boot,
                 mdns=False,
                 announce=["/ip4/198.18.1.2/tcp/4142"],

@@ -7,16 +7,18 @@ itself:
 
     wan       pub 198.18.0.1 (a public node, address on lo)
       |-- r1 (198.18.1.2) nftables masquerade, and a UPnP IGD (tests/support/igd.py)
-      |     home1: up  10.1.0.2:4141, net.upnp on
-      |            off 10.1.0.3:4142, net.upnp off
+      |     home1: up  198.19.1.2:4141, net.upnp on
+      |            off 198.19.1.3:4142, net.upnp off
       |-- r2 (198.18.2.2) nftables masquerade, no UPnP
-            home2: none 10.2.0.2:4141, net.upnp on
+            home2: none 198.19.2.2:4141, net.upnp on
 
 The IGD is a small Python one, run in r1's namespace: it answers the node's SSDP search
 on the LAN, serves its description and SOAP actions to the node's miniupnpc, and maps a
 port as a real nftables DNAT rule on r1 (tests/support/igd.py). Not miniupnpd: Debian's
 (2.3.1) maps nothing for a router whose WAN address is reserved, 198.18/15 included, and
-these tests may use only 198.18.0.0/15 (and the homes' 10.x LANs behind the routers).
+these tests may use only 198.18.0.0/15: 198.18/16 as the internet, 198.19/16 for the
+homes' LANs behind the routers, which every member counts as LAN (``net.lan_ranges``,
+nat_swarm.LAN_RANGES).
 
 Each member is a real network process (``Libp2pTransport``, the node's own) started in
 its namespace. It checks: ``up`` reads public, reason upnp, and announces r1's WAN
@@ -44,10 +46,10 @@ from sapo_node.net import identity
 from sapo_node.net.process import Libp2pTransport
 from tests.support.mdns_pair import lo_up, wait_for
 from tests.support.namespaces import REPO, script_main
-from tests.support.nat_swarm import Netns, add_home, nat
+from tests.support.nat_swarm import LAN_RANGES, Netns, add_home, nat
 
 UPNP_WAN = "198.18.1"  # r1's WAN /24
-MAPPED = 'iifname "wan0" tcp dport 4141 dnat to 10.1.0.2:4141'  # the rule the IGD adds
+MAPPED = 'iifname "wan0" tcp dport 4141 dnat to 198.19.1.2:4141'  # the rule the IGD adds
 # what up's miniupnpc asks: discovery, then selectigd (status, address), map, unmap
 IGD_ACTIONS = [
     "AddPortMapping",
@@ -64,7 +66,7 @@ def build(ns: Netns) -> None:
     ns.run(None, "ip", "addr", "add", "198.18.0.1/32", "dev", "lo")
     for i in (1, 2):
         add_home(ns, i, nat(True, None))
-    ns.run("home1", "ip", "addr", "add", "10.1.0.3/24", "dev", "eth0")
+    ns.run("home1", "ip", "addr", "add", "198.19.1.3/24", "dev", "eth0")
     ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
 
@@ -106,7 +108,14 @@ def run() -> dict[str, object]:
     failures: dict[str, str] = {}
 
     def start(name: str, where: str | None, listen: str, net: dict) -> None:
-        section = NetSection(swarm="nat-upnp", listen=[listen], redial_s=1.0, mdns=False, **net)
+        section = NetSection(
+            swarm="nat-upnp",
+            listen=[listen],
+            redial_s=1.0,
+            mdns=False,
+            lan_ranges=LAN_RANGES,
+            **net,
+        )
         t = time.monotonic()
         try:
             with ns.inside(where):  # this thread only
@@ -139,7 +148,7 @@ def run() -> dict[str, object]:
                         "-m",
                         "tests.support.igd",
                         "--lan-ip",
-                        "10.1.0.1",
+                        "198.19.1.1",
                         "--wan-ip",
                         f"{UPNP_WAN}.2",
                         "--max-s",
@@ -161,7 +170,7 @@ def run() -> dict[str, object]:
             start_all(
                 {
                     "up": ("home1", "/ip4/0.0.0.0/tcp/4141", {}),
-                    "off": ("home1", "/ip4/10.1.0.3/tcp/4142", {"upnp": False}),
+                    "off": ("home1", "/ip4/198.19.1.3/tcp/4142", {"upnp": False}),
                     "none": ("home2", "/ip4/0.0.0.0/tcp/4141", {}),
                     "pub": (
                         None,
@@ -198,7 +207,7 @@ def run() -> dict[str, object]:
                 "pub_dialled_up": True,
                 "pub_connections": [1, 0],
                 "mapping_deleted": True,
-                "igd_asked_by": {"10.1.0.2": IGD_ACTIONS},  # not by `off` (10.1.0.3)
+                "igd_asked_by": {"198.19.1.2": IGD_ACTIONS},  # not by `off` (198.19.1.3)
             }
             failed = [k for k, v in want.items() if checks[k] != v]
             if failed:

@@ -67,6 +67,8 @@ def test_env_bare_string() -> None:
         ({"node": {"device": "tpu"}}, "node.device"),
         ({"node": {"device": "cpu"}, "model": {"dtype": "float16"}}, "CPU"),
         ({"train": {"typo_field": 1}}, "typo_field"),
+        ({"net": {"lan_ranges": ["198.19.0.0/33"]}}, "net.lan_ranges: '198.19.0.0/33'"),
+        ({"net": {"lan_ranges": ["198.19.0.1/16"]}}, "host bits set"),
     ],
 )
 def test_bad_values_are_refused_with_a_reason(override: dict, needle: str) -> None:

@@ -175,3 +175,22 @@ def test_a_peer_outside_the_lan_dialling_in_is_evidence_of_reachability() -> Non
     assert not check(node(dialled, "/ip4/198.18.0.1/tcp/4001"))  # this node dialled out
     relayed = "/ip4/198.18.0.1/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"
     assert not check(node(accepted, relayed))  # through a relay: not a dial to this node
+
+
+def test_ranges_counted_as_lan_make_a_node_private_and_hide_its_addresses() -> None:
+    """net.lan_ranges: a network numbered out of other space (here 198.19/16, as the
+    namespace tests number their home LANs) counts as LAN, as RFC 1918 does."""
+    mine = ["/ip4/198.19.1.2/tcp/4141"]
+    assert reach.explain("auto", [], mine) == ("public", "address")
+    reach.count_as_lan(["198.19.0.0/16", "fd00:1::/64"])
+    try:
+        assert reach.explain("auto", [], mine) == ("private", "nat")
+        assert reach.shown("private", mine, "198.18.0.1") == []
+        assert reach.shown("private", mine, "198.19.1.9") == mine  # its LAN sees it
+        assert reach.is_lan("fd00:1::5") and not reach.is_lan("198.18.0.1")
+        assert reach.is_lan("10.0.0.5")  # the built-in ranges still count
+    finally:
+        reach.count_as_lan([])
+    assert not reach.is_lan("198.19.1.2")
+    with pytest.raises(ValueError):
+        reach.count_as_lan(["198.19.0.1/16"])  # host bits set
