@@ -31,6 +31,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from sapo_node.net import (
     identity,
     ipc,
+    patches,
     upnp,
 )
 from sapo_node.net.discovery import (
@@ -48,6 +49,7 @@ from sapo_node.net.reachability import (
 from sapo_node.net.state import COUNTERS
 
 log = structlog.get_logger("sapo_node.net")
+REFUSED_NOTICE_S = 60.0  # connections refused at the limits: one log line at most this often
 
 
 class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
@@ -92,7 +94,13 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
             listen_addrs=self.listen,
             announce_addrs=announce or None,
             addrs_factory=None if announce else interface_addresses,
+            # docs/libp2p.md#connection-limits: net.max_connections in all, room kept
+            # for the net.max_peers this node dials
+            connection_config=patches.connection_config(
+                settings["max_connections"], settings["max_peers"]
+            ),
         )
+        patches.guard_swarm(self.host.get_network())
         if settings["mdns"]:
             # The swarm's service name, not IPFS's (the host's own mDNS takes none, so it
             # is made here; the host starts it when it listens); it announces the
@@ -113,6 +121,7 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
         self._init_reachability(settings, announce, mapping)
         self._init_discovery(settings)
         self.nursery: trio.Nursery | None = None  # for the behaviours' own tasks
+        self.refused_said = (0, -REFUSED_NOTICE_S)  # inbound_refused when last logged, when
 
     async def run(self, commands: ipc.FrameReader) -> None:
         # docs/libp2p.md#start-order: pubsub and gossipsub run before the host listens or dials
@@ -207,8 +216,24 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
                 # connection, so the peer's own stream to us goes too.
                 with trio.move_on_after(DIAL_TIMEOUT_S), contextlib.suppress(Exception):
                     await self.host.disconnect(peer)
+            self._notice_refused()
             await self.out.send(["stats", self.stats()])
             await trio.sleep(1.0)
+
+    def _notice_refused(self) -> None:
+        """Say, at most once in REFUSED_NOTICE_S, that connections dialled to this node
+        were refused at its limits (docs/libp2p.md#connection-limits)."""
+        (said, at), now = self.refused_said, time.monotonic()
+        if COUNTERS.inbound_refused > said and now - at >= REFUSED_NOTICE_S:
+            log.warning(
+                "connections dialled to this node refused at its limit: raise "
+                "net.max_connections if peers cannot join through it",
+                refused=COUNTERS.inbound_refused - said,
+                connections=len(self.host.get_network().get_connections()),
+                max_connections=self.s["max_connections"],
+                accepted_at_most=self.s["max_connections"] - self.s["max_peers"],
+            )
+            self.refused_said = (COUNTERS.inbound_refused, now)
 
     def stats(self) -> dict[str, Any]:
         topic_peers = self.topic_peers()
@@ -231,6 +256,7 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
             "bytes_out": COUNTERS.bytes_out,
             "bad_frames": COUNTERS.bad_frames,
             "backpressure_waits": COUNTERS.backpressure_waits,
+            "inbound_refused": COUNTERS.inbound_refused,  # at net.max_connections' limits
             # peer -> when its ban ends (wall clock): the parent keeps them (peerstate.py)
             "banned": {p.pretty(): until for p, until in self.banned.items()},
             "scores": {

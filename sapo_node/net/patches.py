@@ -16,11 +16,14 @@ Three kinds of change:
   ``net/reachability.py``, ``net/autonat.py``): :data:`OVERRIDDEN` names each, and
   :func:`apply` checks the library still has it (a renamed one would no longer be called);
 - hooks set on one object (the DHT's routing table and provider store): :func:`guard_dht`,
-  with the same checks; :func:`find_providers` sets one for the length of a call.
+  with the same checks; :func:`find_providers` sets one for the length of a call;
+  :func:`guard_swarm` (the swarm's inbound handler and auto-connector), with the swarm's
+  limits from :func:`connection_config`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import sys
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import multiaddr
+import trio
 
 from sapo_node.net import NetError, reach
 from sapo_node.net.state import COUNTERS, STATE
@@ -242,6 +246,86 @@ async def find_providers(dht: Any, key: str, count: int) -> list[Any]:
         return await dht.find_providers(key, count)
     finally:
         del store.get_providers
+
+
+def connection_config(max_connections: int, dialled: int) -> Any:
+    """docs/libp2p.md#connection-limits: the swarm's limits, for ``new_host``. The library
+    refuses a connection past ``max_connections``, dialled or accepted, when it registers
+    it; its inbound limiter (``max_connections`` less ``min_connections``) keeps
+    ``dialled`` connections for the node's own dials; the pruner, which starts above the
+    high watermark, never runs (nothing registers above it)."""
+    from libp2p.network.config import ConnectionConfig
+
+    return ConnectionConfig(
+        max_connections=max_connections,
+        min_connections=dialled,
+        low_watermark=dialled,
+        high_watermark=max_connections,
+    )
+
+
+def guard_swarm(swarm: Any) -> None:
+    """docs/libp2p.md#connection-limits: an accepted connection holds its inbound slot
+    while it lives (the library's handler holds it until the swarm stops, so a node that
+    had accepted its share, in all its life, accepted no more); one refused for want of a
+    slot, or at ``max_connections``, is counted (``inbound_refused``). The library's
+    auto-connector dials nobody: discovery dials, within ``net.max_peers``."""
+    from libp2p.abc import IMuxedConn
+    from libp2p.network.connection.raw_connection import RawConnection
+
+    check_state(
+        swarm,
+        (
+            "_handle_inbound_connection", "_inbound_limiter", "_build_remote_multiaddr",
+            "connection_gate", "connection_config", "upgrade_inbound_raw_conn",
+            "get_connections", "auto_connector",
+        ),
+        "the swarm",
+    )  # fmt: skip
+    check_state(swarm.auto_connector, ("maybe_connect",), "the swarm's auto-connector")
+    library_inbound, slots = swarm._handle_inbound_connection, swarm._inbound_limiter
+
+    async def handle_inbound(conn: Any, maddr: multiaddr.Multiaddr) -> None:
+        if isinstance(conn, IMuxedConn):  # QUIC and its kind: the node listens on TCP only
+            await library_inbound(conn, maddr)
+            return
+        full = len(swarm.get_connections()) >= swarm.connection_config.max_connections
+        if full or not _acquired(slots):
+            COUNTERS.inbound_refused += 1
+            with contextlib.suppress(Exception):
+                await conn.close()
+            return
+        raw = None
+        try:
+            remote = swarm._build_remote_multiaddr(conn)
+            if remote is not None and not await swarm.connection_gate.is_allowed(remote):
+                await conn.close()
+                return
+            raw = RawConnection(conn, False)
+            muxed = await swarm.upgrade_inbound_raw_conn(raw, maddr)
+            for held in swarm.get_connections(muxed.peer_id):
+                if held.muxed_conn is muxed:
+                    await held.event_closed.wait()
+                    break
+        except Exception:
+            with contextlib.suppress(Exception):
+                await (raw or conn).close()
+        finally:
+            slots.release()
+
+    async def dial_nobody() -> None:
+        return None
+
+    swarm._handle_inbound_connection = handle_inbound
+    swarm.auto_connector.maybe_connect = dial_nobody
+
+
+def _acquired(slots: trio.CapacityLimiter) -> bool:
+    try:
+        slots.acquire_nowait()
+    except trio.WouldBlock:
+        return False
+    return True
 
 
 class Shown:

@@ -101,6 +101,7 @@ class Libp2pTransport:
             "nameservers": list(net.nameservers),
             "redial_s": net.redial_s,
             "max_peers": net.max_peers,
+            "max_connections": net.max_connections,
             "mesh_degree": net.mesh_degree,
             "relay_reservations": net.relay_reservations,
             "relay_circuits": net.relay_circuits,

@@ -18,6 +18,7 @@ class Counters:
         self.received = self.rejected = self.rate_limited = 0
         self.bytes_in = self.bytes_out = self.published = self.bad_frames = 0
         self.backpressure_waits = 0
+        self.inbound_refused = 0  # connections refused at the limits (patches.guard_swarm)
 
 
 class NetState:

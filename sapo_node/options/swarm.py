@@ -236,6 +236,16 @@ class NetSection(_Section):
     max_peers: int = Field(
         32, ge=1, le=1000, description="Stop dialling discovered peers above this many."
     )
+    max_connections: int = Field(
+        300,
+        ge=2,
+        le=100_000,
+        description="Connections held at once, dialled and accepted (py-libp2p's default); "
+        "those accepted take at most max_connections - max_peers of them, so that the "
+        "node can always dial its peers (docs/libp2p.md#connection-limits). At least "
+        "max_peers + the larger of max_peers (as many peers may dial in as it dials) and "
+        "relay_reservations (each private peer it relays for holds a connection).",
+    )
     mesh_degree: int = Field(6, ge=1, le=50, description="GossipSub mesh degree D.")
     shards: int = Field(
         1,
@@ -304,6 +314,14 @@ class NetSection(_Section):
             raise ValueError("net.listen is empty; give at least one address or disable net")
         if self.shards_before == self.shards:
             raise ValueError(f"net.shards_before is net.shards ({self.shards}): set it to 0")
+        least = self.max_peers + max(self.max_peers, self.relay_reservations)
+        if self.max_connections < least:
+            raise ValueError(
+                f"net.max_connections ({self.max_connections}) is less than net.max_peers + "
+                f"the larger of net.max_peers and net.relay_reservations ({least}): room for "
+                "the peers it dials, as many dialling in and the private peers it relays "
+                "for; raise it, or lower net.relay_reservations (0 relays for nobody)"
+            )
         return self
 
 

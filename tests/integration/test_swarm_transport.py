@@ -67,13 +67,14 @@ class Swarm:
         self.got: dict[int, list[Received]] = {}
         self.refusals: dict[int, dict[str, int]] = {}
 
-    def net(self, bootstrap: list[str] = (), port: int = 0) -> NetSection:
+    def net(self, bootstrap: list[str] = (), port: int = 0, **fields: object) -> NetSection:
         return NetSection(
             listen=[f"/ip4/127.0.0.1/tcp/{port}"],
             bootstrap=list(bootstrap),
             mdns=False,
             redial_s=1.0,
             swarm=self.name,
+            **fields,
         )
 
     def start(
@@ -83,10 +84,12 @@ class Swarm:
         to: Libp2pTransport | list[Libp2pTransport] | None = None,
         port: int = 0,
         pool: PoolSection | None = None,
+        **net: object,
     ) -> Libp2pTransport:
         peers = [] if to is None else to if isinstance(to, list) else [to]
         bootstrap = [p.addrs[0] for p in peers]
-        t = Libp2pTransport(self.net(bootstrap, port), pool or PoolSection(), self.root / name)
+        section = self.net(bootstrap, port, **net)
+        t = Libp2pTransport(section, pool or PoolSection(), self.root / name)
         self.transports.append(t)
         return t
 
@@ -368,6 +371,38 @@ def test_a_peer_publishing_invalid_groups_is_penalised_then_banned(swarm):
     assert honest.publish(MINIMAL)
     wait_until(lambda: swarm.data_from(victim, honest) == [MINIMAL], MSG_S, "the honest peer")
     assert alive(victim) and alive(honest)
+
+
+@pytest.mark.timeout(180)
+def test_a_crowd_of_identities_holds_no_more_than_max_connections(swarm):
+    """docs/libp2p.md#connection-limits: a node holds at most net.max_connections, of
+    which at most max_connections - max_peers accepted; a crowd of strangers dialling it
+    gets no more, the peer it dialled stays, and a stranger's slot comes back when it
+    leaves (py-libp2p held it until the node stopped)."""
+    hub = swarm.start("hub")
+    node = swarm.start("node", to=hub, max_connections=3, max_peers=1, relay_reservations=0)
+    wait_until(meshed(hub, node), MESH_S, "the node and the peer it dialled in one mesh")
+
+    log, n = swarm.rogue("crowd", node, "--count", "5", "--linger", "3", "--then", "2")
+    most = 0
+
+    def crowd_gone() -> bool:
+        nonlocal most
+        most = max(most, sum(map(sum, node.child_stats.get("links", {}).values())))
+        return swarm.rogues[n].poll() is not None
+
+    wait_until(crowd_gone, 90, f"the crowd comes and goes; its log:\n{log.read_text()}")
+    said = log.read_text()
+    assert swarm.rogues[n].returncode == 0, said
+    assert 0 < most <= 3, said
+    # the one it dialled and 2 strangers (1 when the peer dialled it back); then 2 again
+    assert 1 <= int(re.search(r"wave1 (\d+)", said).group(1)) <= 2, said
+    assert int(re.search(r"wave2 (\d+)", said).group(1)) >= 1, said
+    assert node.child_stats["inbound_refused"] >= 3
+    assert hub.peer_id in node.child_stats["links"]
+    assert hub.publish(MINIMAL)
+    wait_until(lambda: swarm.data_from(node, hub) == [MINIMAL], MSG_S, "the node still hears")
+    assert alive(node) and alive(hub)
 
 
 def ban_and_drop_a_rogue(swarm: Swarm, victim: Libp2pTransport, honest: int) -> str:

@@ -7,6 +7,8 @@ which would refuse to send what this sends). Tests run it as a subprocess:
         [--vector NAME ...] [--protocol ID] [--topics T1,T2 ...] [--dht]
     python -m tests.support.rogue persist BOOTSTRAP_MULTIADDR TOPIC --key-dir DIR
         [--dial MULTIADDR ...] [--interval S]
+    python -m tests.support.rogue crowd BOOTSTRAP_MULTIADDR TOPIC [--count N]
+        [--linger S] [--then M]
 
 - ``garbage``: opens pubsub streams to the peer and writes one frame that is not a
   protobuf RPC (``b"\\xff" * 64``), then, on a fresh stream, one that is a well-formed RPC
@@ -35,6 +37,11 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   killed, and every few seconds prints one JSON line: ``connected`` (peers with a
   connection), ``streams`` (peers with a pubsub stream: the ones that take its
   messages), ``sent`` (messages published so far).
+- ``crowd``: N peers, each of its own identity, dial the peer at once (once each) and
+  hold what they got for ``--linger`` s; ``wave1 K`` says how many of them the peer
+  still holds then. They leave, and M others dial it, each again every half second
+  until it holds them or 10 s have passed: ``wave2 K``. It uses no pubsub (TOPIC is
+  not used): connections alone, as a stranger with many identities would hold them.
 
 It listens on 127.0.0.1 only, dials loopback or 198.18.0.0/15 (the soak's network
 namespaces) only, and prints one line per thing it does (``peer_id``, ``addr``,
@@ -243,6 +250,42 @@ async def persist(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
                 await trio.sleep(args.interval)
 
 
+async def crowd(bootstrap: str, args: argparse.Namespace) -> None:
+    info = info_from_p2p_addr(multiaddr.Multiaddr(bootstrap))
+
+    def held(host) -> bool:
+        return bool(host.get_network().get_connections(info.peer_id))
+
+    async def dial(host, retry_s: float) -> None:
+        deadline = trio.current_time() + retry_s
+        while True:
+            with contextlib.suppress(Exception), trio.fail_after(10):
+                await host.connect(info)
+            await trio.sleep(0.5)  # one the peer refuses once it is up closes by then
+            if held(host) or trio.current_time() > deadline:
+                return
+
+    async def wave(count: int, retry_s: float, linger: float) -> int:
+        hosts = [make_host() for _ in range(count)]
+        async with contextlib.AsyncExitStack() as stack:
+            for host in hosts:
+                await stack.enter_async_context(host.run(listen_addrs=LISTEN))
+            async with trio.open_nursery() as nursery:
+                for host in hosts:
+                    nursery.start_soon(dial, host, retry_s)
+            await trio.sleep(linger)
+            kept = sum(map(held, hosts))
+            for host in hosts:
+                with contextlib.suppress(Exception):
+                    await host.disconnect(info.peer_id)
+        return kept
+
+    say("wave1", await wave(args.count, 0.0, args.linger))
+    if args.then:
+        say("wave2", await wave(args.then, 10.0, 0.5))
+    say("done")
+
+
 def _dialable(addr: str) -> bool:
     parts = addr.split("/")
     with contextlib.suppress(IndexError, ValueError):
@@ -253,7 +296,7 @@ def _dialable(addr: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.rogue")
-    parser.add_argument("mode", choices=["garbage", "invalid", "persist"])
+    parser.add_argument("mode", choices=["garbage", "invalid", "persist", "crowd"])
     parser.add_argument("bootstrap", help="/ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID")
     parser.add_argument("topic")
     parser.add_argument("--count", type=int, default=8, help="invalid messages to send")
@@ -267,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topics", action="append", default=[], help="a topic list, A,B")
     parser.add_argument("--dht", action="store_true", help="serve IPFS's DHT, as 0.3 did")
     parser.add_argument("--key-dir", type=Path, help="persist: where its identity key is kept")
+    parser.add_argument("--then", type=int, default=0, help="crowd: peers of the second wave")
     args = parser.parse_args(argv)
     if not all(_dialable(a) for a in [args.bootstrap, *args.dial]):
         parser.error("the rogue peer dials 127.0.0.0/8 and 198.18.0.0/15 only")
@@ -276,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(garbage, args.bootstrap, args.topic)
     elif args.mode == "invalid":
         trio.run(invalid, args.bootstrap, args.topic, args)
+    elif args.mode == "crowd":
+        trio.run(crowd, args.bootstrap, args)
     else:
         trio.run(persist, args.bootstrap, args.topic, args)
     return 0

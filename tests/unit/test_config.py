@@ -69,6 +69,9 @@ def test_env_bare_string() -> None:
         ({"train": {"typo_field": 1}}, "typo_field"),
         ({"net": {"lan_ranges": ["198.19.0.0/33"]}}, "net.lan_ranges: '198.19.0.0/33'"),
         ({"net": {"lan_ranges": ["198.19.0.1/16"]}}, "host bits set"),
+        # room for the peers it dials, as many dialling in and those it relays for
+        ({"net": {"max_connections": 100}}, "net.max_connections (100) is less than"),
+        ({"net": {"max_connections": 63, "relay_reservations": 0}}, "(64)"),
     ],
 )
 def test_bad_values_are_refused_with_a_reason(override: dict, needle: str) -> None:

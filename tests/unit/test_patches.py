@@ -135,3 +135,31 @@ def test_a_dht_clients_lookup_asks_the_network_not_only_its_own_record() -> None
     library, ours = trio.run(lookups)
     assert member.peer_id not in library  # its own record answered, nobody asked
     assert member.peer_id in ours
+
+
+def test_the_swarm_dials_nobody_of_its_own_accord() -> None:
+    """docs/libp2p.md#connection-limits: py-libp2p's auto-connector dials every peer the
+    peerstore has an address for while the node holds fewer than 200 connections, past
+    net.max_peers and banned peers alike. Guarded, it dials nobody: discovery dials."""
+    import multiaddr
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+
+    patches.apply()
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+
+    async def main() -> None:
+        node = new_host(
+            key_pair=create_new_key_pair(), connection_config=patches.connection_config(300, 32)
+        )
+        patches.guard_swarm(node.get_network())
+        known = new_host(key_pair=create_new_key_pair())
+        async with node.run(listen_addrs=listen), known.run(listen_addrs=listen):
+            node.get_peerstore().add_addrs(known.get_id(), known.get_addrs(), 3600)
+            with trio.fail_after(30):
+                await node.get_network().auto_connector.maybe_connect()
+            assert node.get_network().get_connections() == []
+            assert node.get_network()._inbound_limiter.total_tokens == 300 - 32
+
+    trio.run(main)
