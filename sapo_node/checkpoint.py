@@ -31,6 +31,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from sapo_node.atomic import fsync_dir as _fsync_dir
+from sapo_node.atomic import write_text_atomic
+
 log = structlog.get_logger(__name__)
 
 FORMAT = 1
@@ -77,28 +80,6 @@ def verify_hashes(path: Path, remedy: str) -> None:
 def _fsync_file(path: Path) -> None:
     with path.open("rb") as f:
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that readers see the old or the new file, whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
 
 
 class CheckpointStore:

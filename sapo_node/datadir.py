@@ -9,7 +9,7 @@ import os
 import random
 from pathlib import Path
 
-from sapo_node.checkpoint import CheckpointError, write_text_atomic
+from sapo_node.atomic import write_text_atomic
 
 
 class DataDirInUse(RuntimeError):
@@ -22,6 +22,8 @@ def node_seed(data_dir: Path, configured: int | None) -> int:
     try:
         stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     except (OSError, ValueError) as exc:
+        from sapo_node.checkpoint import CheckpointError  # torch: only a training node's
+
         raise CheckpointError(
             f"{path} cannot be read ({exc}); restore it, or delete it to draw a new seed"
         ) from None

@@ -62,7 +62,7 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sapo_node import __version__
-from sapo_node.checkpoint import write_text_atomic
+from sapo_node.atomic import write_text_atomic
 from sapo_node.config import Config, parse_host_port
 from sapo_node.metrics import finite_or_null, upgrade
 from sapo_node.ops.history import MAX_POINTS, History

@@ -78,3 +78,22 @@ def test_the_nodes_own_process_does_not_load_libp2p(tmp_path: Path) -> None:
     peer, loaded = done.stdout.splitlines()
     assert loaded == "[]"
     assert identity.peer_id(identity.load_or_create(tmp_path / "n")) == peer
+
+
+def test_a_relay_and_share_do_not_load_torch(tmp_path: Path) -> None:
+    """``start --no-train`` and ``sapo-node share`` lock a data directory, serve status
+    and run a transport, and write no weights: importing torch for the data directory's
+    atomic writes (it came with checkpoint.py) made each start slower and bigger."""
+    code = (
+        "import sys; from pathlib import Path; "
+        "import sapo_node.cli, sapo_node.ops.status, sapo_node.share, sapo_node.net.process; "
+        "from sapo_node.ops import lifecycle; "
+        f"lifecycle.hold_data_dir(Path({str(tmp_path / 'relay')!r})).close(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "relay" / "lock").exists()
