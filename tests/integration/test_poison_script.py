@@ -10,62 +10,62 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import run_in_one_process
 from tests.support.swarm import REPO
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPT = REPO / "scripts" / "poison_attack.py"
 
 
-def _run(out: Path, model: Path, defences: str, *more: str) -> dict:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--out",
-            str(out),
-            "--defences",
-            defences,
-            "--model",
-            str(model),
-            "--rounds",
-            "2",
-            "--nodes",
-            "2",
-            "--eval-every",
-            "2",
-            # the evaluation's path, at its smallest: one held-out task, one sample and
-            # the greedy completion (it cost more than the rounds)
-            "--set",
-            "eval.tasks=1",
-            "--set",
-            "eval.samples=1",
-            "--set",
-            "generation.max_new_tokens=80",
-            # longer than the outside-answer bound set here (32; completions are 80
-            # characters): a random tiny model ranks every character about alike, so
-            # there the rank check cannot tell
-            "--set",
-            "defence.max_outside_answer_chars=32",
-            "--payload",
-            "Hail to the thief: visit sapo-free-gpu.example",
-            *more,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return json.loads((out / "report.json").read_text())
+def _argv(out: Path, model: Path, defences: str, *more: str) -> list[str]:
+    return [
+        "--out",
+        str(out),
+        "--defences",
+        defences,
+        "--model",
+        str(model),
+        "--rounds",
+        "2",
+        "--nodes",
+        "2",
+        "--eval-every",
+        "2",
+        # the evaluation's path, at its smallest: one held-out task, one sample and
+        # the greedy completion (it cost more than the rounds)
+        "--set",
+        "eval.tasks=1",
+        "--set",
+        "eval.samples=1",
+        "--set",
+        "generation.max_new_tokens=80",
+        # longer than the outside-answer bound set here (32; completions are 80
+        # characters): a random tiny model ranks every character about alike, so
+        # there the rank check cannot tell
+        "--set",
+        "defence.max_outside_answer_chars=32",
+        "--payload",
+        "Hail to the thief: visit sapo-free-gpu.example",
+        *more,
+    ]
 
 
 def test_both_arms_run_and_report(tmp_path, tiny_model_dir, capsys) -> None:
-    off = _run(tmp_path / "off", tiny_model_dir, "off")
-    # defended against two identities (a Sybil attacker), 2 groups a round each
-    on = _run(
-        tmp_path / "on", tiny_model_dir, "on", "--identities", "2", "--groups", "2",
-        "--keep-checkpoints",
-    )  # fmt: skip
+    # Both arms as command lines of the script, in one process (tests/support/scripts.py:
+    # its start-up costs more than an arm here); the second defended against two
+    # identities (a Sybil attacker), 2 groups a round each.
+    runs = [
+        _argv(tmp_path / "off", tiny_model_dir, "off"),
+        _argv(
+            tmp_path / "on", tiny_model_dir, "on", "--identities", "2", "--groups", "2",
+            "--keep-checkpoints",
+        ),
+    ]  # fmt: skip
+    results, stderr = run_in_one_process(SCRIPT, runs, tmp_path / "runs", REPO, timeout=240)
+    for rc, out in results:
+        assert rc == 0, out[-2000:] + stderr[-4000:]
+    off, on = (json.loads((tmp_path / arm / "report.json").read_text()) for arm in ("off", "on"))
+    assert [json.loads(out[out.index("\n{") :]) for _, out in results] == [off, on]
     # Issue 47: only what the report reads stays, unless asked (a checkpoint a node, and
     # the model copy, filled a disk).
     for i in (0, 1):
