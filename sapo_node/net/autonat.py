@@ -88,9 +88,20 @@ class SwarmAutoNAT(AutoNATService):
     rate-limited (docs/libp2p.md#autonat-dial-back). ``serve`` says whether this node
     answers (a public node)."""
 
-    def __init__(self, host, *, serve: bool, peer_every_s: float = PEER_EVERY_S) -> None:
+    def __init__(
+        self,
+        host,
+        *,
+        serve: bool,
+        peer_every_s: float = PEER_EVERY_S,
+        connect_s: float = CONNECT_S,
+    ) -> None:
+        """``connect_s``: how long a dial-back's TCP connect may take (CONNECT_S)."""
         super().__init__(host, serve=serve)
+        if not connect_s > 0:
+            raise ValueError(f"a dial-back's connect timeout must be > 0 s, not {connect_s!r}")
         self.peer_every_s = peer_every_s
+        self.connect_s = connect_s
         self.served: dict[ID, float] = {}  # asker -> when its last request was served
         self.minute: list[float] = []
         self.dial_backs = {"ok": 0, "failed": 0, "refused": 0}
@@ -142,7 +153,7 @@ class SwarmAutoNAT(AutoNATService):
             if target is None:
                 continue
             stream = None
-            with trio.move_on_after(CONNECT_S), contextlib.suppress(OSError):
+            with trio.move_on_after(self.connect_s), contextlib.suppress(OSError):
                 stream = await trio.open_tcp_stream(*target)
             if stream is None:
                 continue

@@ -210,6 +210,7 @@ class ReachabilityBehaviour:
             self.host,
             serve=check and self.reachability in ("public", "local"),
             peer_every_s=settings.get("autonat_peer_every_s", autonat.PEER_EVERY_S),
+            connect_s=settings.get("autonat_connect_s", autonat.CONNECT_S),
         )
         self.checks_reachability = check and self.reason in ("address", "upnp", "announce")
         self.reason_at_start = self.reason  # what a node private by AutoNAT returns to

@@ -32,6 +32,18 @@ from tests.support.mdns_pair import lo_up, wait_for
 from tests.support.namespaces import conclude, script_main
 from tests.support.nat_swarm import VALID, Netns
 
+CONNECT_S = 2.0  # a server's dial-back connect, dropped by fw's firewall (5 s by default);
+# one that is answered (open's) takes well under a millisecond between these namespaces
+
+
+class QuickDialBack(Libp2pTransport):
+    """A network process whose AutoNAT server gives up a dial-back's connect sooner."""
+
+    def _spawn(self) -> None:
+        self.settings["autonat_connect_s"] = CONNECT_S
+        super()._spawn()
+
+
 FIREWALL = """
 table ip filter {
   chain in {
@@ -73,7 +85,7 @@ def run(within: float) -> dict[str, object]:
             upnp=False,
         )
         with ns.inside(where):
-            members[name] = Libp2pTransport(section, PoolSection(), Path(tmp) / name)
+            members[name] = QuickDialBack(section, PoolSection(), Path(tmp) / name)
 
     def addr(name: str) -> str:
         t = members[name]

@@ -194,3 +194,26 @@ def test_ranges_counted_as_lan_make_a_node_private_and_hide_its_addresses() -> N
     assert not reach.is_lan("198.19.1.2")
     with pytest.raises(ValueError):
         reach.count_as_lan(["198.19.0.1/16"])  # host bits set
+
+
+class _Host:
+    """What SwarmAutoNAT asks of a host when it is made."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, object] = {}
+
+    def get_peerstore(self) -> None:
+        return None
+
+    def set_stream_handler(self, protocol: str, handler: object) -> None:
+        self.handlers[protocol] = handler
+
+
+def test_a_dial_back_connect_timeout_is_a_setting_that_must_be_positive() -> None:
+    from sapo_node.net import autonat
+
+    assert autonat.SwarmAutoNAT(_Host(), serve=True).connect_s == autonat.CONNECT_S
+    assert autonat.SwarmAutoNAT(_Host(), serve=True, connect_s=0.5).connect_s == 0.5
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="connect timeout must be > 0 s"):
+            autonat.SwarmAutoNAT(_Host(), serve=False, connect_s=bad)
