@@ -51,7 +51,10 @@ LINE_FIELDS = {"task", "completions", "finished", "model", "question"}
 TASK_FIELDS = {"family", "config", "seed", "index"}
 DEFAULT_MODEL = "external"
 MAX_LINE_BYTES = wire.MAX_MESSAGE_BYTES  # a longer line cannot become a valid message
-LINGER_S = 2.0  # after the last publish: GossipSub writes to peers' streams after it returns
+WRITE_S = 10.0  # at most this long after the last publish for it to be written to peers
+# then this long before closing: a peer's py-libp2p drops what it has not yet read from a
+# connection when the connection ends
+LINGER_S = 2.0
 SKIP_CHUNK = 64 * 1024  # the rest of a line too long is read and dropped this much at a time
 
 # Reasons found before the message exists (the rest are wire.py's and intake/checks.py's).
@@ -349,9 +352,15 @@ def share(
                 out.sent += 1
             else:
                 out.unsent += 1
-        if out.sent and not transport.flush(wait_s):
-            say(f"the network did not confirm every group within {wait_s:.0f} s")
-        time.sleep(LINGER_S)  # GossipSub writes to its peers' streams after publish returns
+        # GossipSub writes to its peers' streams after publish returns: the network
+        # process confirms they are written, and its peers get LINGER_S to read them.
+        if out.sent:
+            if not transport.flush(wait_s, drain_s=WRITE_S):
+                say(
+                    "the network did not confirm every group written to its peers "
+                    f"(published within {wait_s:.0f} s, then written within {WRITE_S:g} s)"
+                )
+            time.sleep(LINGER_S)
     finally:
         transport.close()
     return out

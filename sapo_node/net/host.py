@@ -4,9 +4,12 @@ Started by :class:`sapo_node.net.process.Libp2pTransport` as ``python -m
 sapo_node.net.host``; it never imports torch. It talks to its parent over stdin/stdout
 in length-prefixed MessagePack frames (``sapo_node.net.ipc``):
 
-    parent -> here   ["settings", {...}] first, then ["publish", bytes], ["penalise", author]
+    parent -> here   ["settings", {...}] first, then ["publish", bytes], ["penalise", author],
+                     ["flush", token, seconds]
     here -> parent   ["ready", peer_id, [addr, ...], [listen, ...]], ["message", bytes, author],
-                     ["stats", {...}] every second, ["fatal", text]
+                     ["stats", {...}] every second, ["fatal", text],
+                     ["flushed", token, written]: the publishes before that flush are
+                     written to the peers' streams (false: not within its seconds)
 
 It holds nothing worth saving: what it learns about peers that must outlive it (bans
 with their wall-clock ends, score penalties) goes to the parent in its stats, and comes

@@ -198,6 +198,11 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
                     topics.append(self.topics_before[turn % len(self.topics_before)])
                 await self.pubsub.publish(topics, frame[1])
                 COUNTERS.published += 1
+            elif frame[0] == "flush":
+                # Every publish before this frame is in pubsub's queues: answer once
+                # they are written to the peers' streams (at most frame[2] seconds).
+                drained = await self._drained(float(frame[2]))
+                await self.out.send(["flushed", frame[1], drained])
             elif frame[0] == "penalise":
                 # Only a peer with a pubsub stream: a score is forgotten with the peer, and
                 # one kept for an author who is not a peer would never be.
@@ -205,6 +210,15 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
                     author = ID.from_base58(frame[1])
                     if author in self.pubsub.peers:
                         self.scorer.charge(author, self.home)
+
+    async def _drained(self, within_s: float) -> bool:
+        """Wait until no peer's outbound queue holds anything and no write to a peer's
+        stream is in hand; False if that took longer than ``within_s``."""
+        with trio.move_on_after(within_s):
+            while not self.pubsub.drained():
+                await trio.sleep(0.01)
+            return True
+        return False
 
     async def _report(self) -> None:
         while True:

@@ -137,6 +137,10 @@ class Libp2pTransport:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ready = threading.Event()
         self._fatal: str | None = None
+        self._flush_lock = threading.Lock()
+        self._flush_token = 0
+        self._flush_answer: tuple[int, bool] = (0, False)
+        self._flushed = threading.Event()  # set when the child answers a flush
         # When the child last sent a frame (monotonic): it reports every second, so a
         # long silence means it is stuck, or dead and not restarted (status.py's /healthz).
         self.heard_at = time.monotonic()
@@ -217,15 +221,28 @@ class Libp2pTransport:
             out, self._refusals = self._refusals, {}
         return out
 
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until the network process has published every queued message (its
-        counter, reported each second, has caught up); False if it did not in time."""
+    def flush(self, timeout_s: float, drain_s: float = 2.0) -> bool:
+        """Wait until the network process has published every message queued before
+        this call and written them to its peers' streams (its queues to peers drained,
+        at most ``drain_s`` after the last publish); False if it did not confirm that
+        within ``timeout_s``. After True, closing loses none of them."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._outbox.empty() and self.child_stats.get("published", 0) >= self._written:
-                return True
-            time.sleep(0.1)
-        return False
+        with self._flush_lock:
+            self._flush_token += 1
+            token = self._flush_token
+            self._flushed.clear()
+            try:
+                self._outbox.put(["flush", token, drain_s], timeout=timeout_s)
+            except queue.Full:
+                return False
+            while self._flushed.wait(max(0.0, deadline - time.monotonic())):
+                answer = self._flush_answer
+                if answer[0] == token:
+                    return bool(answer[1])
+                self._flushed.clear()  # an answer to an earlier call that gave up
+                if time.monotonic() >= deadline:
+                    break
+            return False
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the child (SIGUSR1: it ignores SIGTERM, and has nothing to save: its state
@@ -250,7 +267,6 @@ class Libp2pTransport:
     def _spawn(self) -> None:
         self._ready.clear()
         self._fatal = None
-        self._written = 0  # publish frames written to this child
         proc = subprocess.Popen(
             [sys.executable, "-m", "sapo_node.net.host"],
             stdin=subprocess.PIPE,
@@ -281,6 +297,9 @@ class Libp2pTransport:
                         count_refusal(self._refusals, str(author), str(reason), int(n))
                 self._keep_peer_state(frame[1])
                 self.child_stats = frame[1]
+            elif kind == "flushed":
+                self._flush_answer = (int(frame[1]), bool(frame[2]))
+                self._flushed.set()
             elif kind == "ready":
                 self.addrs, self._listening = list(frame[2]), list(frame[3])
                 self._ready.set()
@@ -316,8 +335,6 @@ class Libp2pTransport:
                 proc.stdin.flush()
             except (OSError, ValueError):
                 return  # the child is gone; the supervisor restarts it
-            if frame[0] == "publish":
-                self._written += 1
 
     def _supervise(self) -> None:
         delay = 1.0

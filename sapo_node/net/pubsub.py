@@ -179,6 +179,7 @@ class SwarmPubsub(Pubsub):
         # seqnos from nanoseconds, not seconds (docs/libp2p.md#sequence-numbers)
         self.counter = time.time_ns()
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+        self.writing = 0  # writes to peers' streams in hand (``drained``)
         # The network loop's own per-peer maps, forgotten with the library's state.
         self.own_peer_maps: list[dict[ID, Any]] = []
         self.on_forget: Any = None  # called with a peer just before it is forgotten
@@ -307,6 +308,12 @@ class SwarmPubsub(Pubsub):
             and self._peer_is_connected(peer)
         ]
 
+    def drained(self) -> bool:
+        """Whether everything queued for live peers is written to their streams: their
+        queues are empty and no write is in hand (a sending task pops a message and
+        starts its write without yielding in between)."""
+        return self.writing == 0 and not any(len(q) for q in self.live_queues())
+
     async def hand_over(self, peer: ID) -> bool:
         """Move this node's pubsub stream to ``peer`` onto the connection the swarm now prefers
         (a direct one over a relayed one: docs/libp2p.md#hole-punching), keeping the peer's
@@ -343,8 +350,12 @@ class SwarmPubsub(Pubsub):
         """One writer at a time per stream: the queue and the replay interleaved frames
         (docs/libp2p.md#serialised-writes)."""
         lock = self._write_locks.setdefault(stream, trio.Lock())
-        async with lock:
-            ok = await super().write_msg(stream, rpc_msg)
+        self.writing += 1
+        try:
+            async with lock:
+                ok = await super().write_msg(stream, rpc_msg)
+        finally:
+            self.writing -= 1
         if ok:
             COUNTERS.bytes_out += rpc_msg.ByteSize()
         return ok

@@ -203,6 +203,14 @@ def test_two_then_three_transports_exchange_messages_with_their_authors(swarm):
     wait_until(lambda: b.stats().received >= 3 and c.stats().received >= 1, 10, "counted")
     assert all(alive(t) for t in (a, b, c))
 
+    # flush answers once the network process has published what was queued before it and
+    # written it to its peers' streams (sapo-node share waits for it before closing)
+    assert c.publish(UNICODE) and c.publish(MINIMAL)
+    assert c.flush(MSG_S, drain_s=MSG_S)
+    want = sorted([CUSTOM, UNICODE, MINIMAL])
+    for t in (a, b):
+        wait_until(lambda t=t: sorted(swarm.data_from(t, c)) == want, MSG_S, "c's last two")
+
 
 # --- identity ------------------------------------------------------------------------
 

@@ -145,7 +145,7 @@ class Recorder:
         self.sent.append(data)
         return True
 
-    def flush(self, timeout_s: float) -> bool:
+    def flush(self, timeout_s: float, drain_s: float = 0.0) -> bool:
         return True
 
     def close(self) -> None:
