@@ -247,6 +247,24 @@ def test_a_nan_loss_is_recorded_as_null_and_the_node_runs_on(
     assert node.last_record is not None
 
 
+def _rounds_around_expiry(node: Node, crafted: list[tuple[str, ...]]) -> tuple[dict, dict]:
+    """Each crafted group from its own peer, made now; round 0; then round 1 once every
+    group still pooled is older than ``pool.max_age_s`` (the pool's clock, which the
+    intake reads too, is the test's). Closes the node."""
+    now = [time.time()]
+    node.pool.clock = lambda: now[0]
+    try:
+        for i, completions in enumerate(crafted):
+            group = dataclasses.replace(_crafted(i, completions), created_ms=int(now[0] * 1000))
+            assert node.receive(wire.encode(group), f"peer-{i}").outcome == "accepted"
+        filled = node.run_round(0)
+        now[0] += node.config.pool.max_age_s + 1
+        node.round = 1
+        return filled, node.run_round(1)
+    finally:
+        node.close()
+
+
 def test_a_j_left_unfilled_because_groups_expired_is_recorded(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -254,21 +272,9 @@ def test_a_j_left_unfilled_because_groups_expired_is_recorded(
     round draws them leave J to own groups; the round says how many slots, and a round
     whose J was filled says 0. The pool's clock (which the intake reads too) is the
     test's."""
-    now = [time.time()]
     node = _node(tiny_model_dir, tmp_path / "n", 5, False, local_groups=2, external_groups=2)
-    node.pool.clock = lambda: now[0]
-    try:
-        for i, author in enumerate(("peer-a", "peer-b", "peer-c", "peer-d")):
-            group = dataclasses.replace(
-                _crafted(i, ("7777", "abcd", "77ab", "ab")), created_ms=int(now[0] * 1000)
-            )
-            assert node.receive(wire.encode(group), author).outcome == "accepted"
-        filled = node.run_round(0)
-        now[0] += node.config.pool.max_age_s + 1  # the two groups left are too old now
-        node.round = 1
-        starved = node.run_round(1)
-    finally:
-        node.close()
+    # the two groups left after round 0 are too old in round 1
+    filled, starved = _rounds_around_expiry(node, [("7777", "abcd", "77ab", "ab")] * 4)
     assert filled["groups/external"] == 2 and filled["train/j_unfilled_expired"] == 0
     assert starved["peer_groups/expired"] == 2 and starved["groups/external"] == 0
     assert starved["train/j_unfilled_expired"] == 2
@@ -297,20 +303,9 @@ def test_only_groups_a_draw_could_take_count_as_expired_for_j(
     taken aged out: with ``paper`` sampling, groups with signal. Groups without signal
     aging out at the same time are no reason (the tasks-cpu run's 2/2 arm was called void
     for them: the count then took every expired group)."""
-    now = [time.time()]
     node = _paper_node(tiny_model_dir, tmp_path / "n", 1.0)
-    node.pool.clock = lambda: now[0]
-    try:
-        crafted = [SIGNAL, SIGNAL, SIGNAL, NO_SIGNAL, NO_SIGNAL]
-        for i, completions in enumerate(crafted):
-            group = dataclasses.replace(_crafted(i, completions), created_ms=int(now[0] * 1000))
-            assert node.receive(wire.encode(group), f"peer-{i}").outcome == "accepted"
-        filled = node.run_round(0)  # draws two of the three with signal
-        now[0] += node.config.pool.max_age_s + 1  # the one left with signal and both without
-        node.round = 1
-        starved = node.run_round(1)
-    finally:
-        node.close()
+    # round 0 draws two of the three with signal; the one left and both without age out
+    filled, starved = _rounds_around_expiry(node, [SIGNAL, SIGNAL, SIGNAL, NO_SIGNAL, NO_SIGNAL])
     assert filled["groups/external"] == 2 and filled["train/j_unfilled"] == 0
     assert starved["peer_groups/expired"] == 3 and starved["groups/external"] == 0
     assert starved["train/j_unfilled"] == 2
