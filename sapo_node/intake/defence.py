@@ -45,6 +45,13 @@ go through, in order:
    What a peer can teach this node is what this node's own verifier checked (the answer)
    and what its prompt asks for (the tags). It costs what peers' free text would have
    taught: nothing wanted, with prompts that ask for a direct answer.
+   With ``teach_first_choices``, a checked completion (positive advantage, passed 1-3)
+   also teaches each token of its other text that is this node's first choice there
+   (rank 0 under its policy, from the ranks of check 3): text this node would write
+   itself, greedily, given what came before. A token becomes likelier only where it
+   already was the likeliest, so no token that was not this node's first choice becomes
+   one; the payloads measured in docs/security.md open on a token ranked 30th to 4,000th
+   (``first_choice_tokens``).
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
@@ -226,6 +233,16 @@ def answer_tokens(
     ranges = () if answer is None else ((answer[0], answer[1] + len(tag) + 3),)
     covered = _covering(spans, n_ids, ranges)
     return tuple(k in covered for k in range(n_ids))
+
+
+def first_choice_tokens(answer: Sequence[bool], ranks: Sequence[int]) -> tuple[bool, ...]:
+    """``answer_tokens``'s flags widened by ``teach_first_choices``: also each token whose
+    rank under this node's policy is 0 (its first choice).
+
+    >>> first_choice_tokens([False, False, True, True], [0, 7, 3, 0])
+    (True, False, True, True)
+    """
+    return tuple(a or r == 0 for a, r in zip(answer, ranks, strict=True))
 
 
 def rank_bits(ranks: Sequence[int]) -> list[float]:
@@ -442,7 +459,7 @@ class Defence:
             verdicts[id(g)] = refused
             pending.append((g, [i for i in checked if i not in refused]))
             kept_groups.append(g)
-        self._check_ranks(pending, verdicts)
+        ranks = self._check_ranks(pending, verdicts)
         out = []
         changed = False
         for g in kept_groups:
@@ -460,38 +477,54 @@ class Defence:
             keep = [i for i in range(len(g.texts)) if i not in refused]
             if len(keep) < 2:
                 continue
-            if refused:
-                g = replace(
-                    g,
-                    completion_ids=[g.completion_ids[i] for i in keep],
-                    texts=[g.texts[i] for i in keep],
-                    finished=[g.finished[i] for i in keep],
-                    rewards=[g.rewards[i] for i in keep],
-                )
+            taught = None
+            if self.settings.answer_only:
+                taught = [
+                    self._taught(g.completion_ids[i], ranks.get((id(g), i))) for i in keep
+                ]
+            g = replace(
+                g,
+                completion_ids=[g.completion_ids[i] for i in keep],
+                texts=[g.texts[i] for i in keep],
+                finished=[g.finished[i] for i in keep],
+                rewards=[g.rewards[i] for i in keep],
+                taught=taught,
+            )
             out.append(g)
         if changed:
             self.save()
-        if self.settings.answer_only:
-            out = [replace(g, taught=[self._taught(ids) for ids in g.completion_ids]) for g in out]
         return out, counts
 
-    def _taught(self, ids: Sequence[int]) -> tuple[bool, ...]:
+    def _taught(self, ids: Sequence[int], ranks: Sequence[int] | None) -> tuple[bool, ...]:
+        """What ``answer_only`` teaches of a completion: its answer, and with
+        ``teach_first_choices`` the tokens of its other text ranked 0 (``ranks``: the
+        ranks check 3 computed, for the completions it checked; None for the others)."""
         found = self.spans(ids) if self.spans is not None else None
         if not found:  # no token spans (no fast tokenizer, or text that re-tokenises apart)
             return (False,) * len(ids)  # nothing of it is taught
-        return answer_tokens(found[0], found[1], len(ids))
+        answer = answer_tokens(found[0], found[1], len(ids))
+        if ranks is None or not self.settings.teach_first_choices:
+            return answer
+        return first_choice_tokens(answer, ranks)
 
-    def _check_ranks(self, pending, verdicts) -> None:
+    def _check_ranks(self, pending, verdicts) -> dict[tuple[int, int], list[int]]:
+        """Check 3 on the completions still pending; returns their ranks by (id(group),
+        completion) when ``teach_first_choices`` needs them, the check on or off."""
         s = self.settings
         todo = [(g, i) for g, idx in pending for i in idx]
-        if not s.rank_check or not todo:
-            return
+        if not (s.rank_check or s.teach_first_choices) or not todo:
+            return {}
         samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in todo]
+        found: dict[tuple[int, int], list[int]] = {}
         for (g, i), ranks in zip(todo, self.ranks(samples), strict=True):
+            found[(id(g), i)] = ranks
+            if not s.rank_check:
+                continue
             skip = self._format_tokens(g.completion_ids[i])
             bits = [b for k, b in enumerate(rank_bits(ranks)) if k not in skip]
             if highest_window(bits, s.rank_window) > s.max_rank_bits:
                 verdicts[id(g)][i] = IMPLAUSIBLE
+        return found if s.teach_first_choices else {}
 
     def _format_tokens(self, ids: Sequence[int]) -> set[int]:
         found = self.spans(ids) if self.spans is not None else None

@@ -92,6 +92,12 @@ class DefenceSection(_Section):
         "its end of turn; its other text is never taught, whatever it says: for prompts that "
         "ask for a direct answer, as the default one does.",
     )
+    teach_first_choices: bool = Field(
+        False,
+        description="With answer_only, also teach each token of a checked peer completion's "
+        "other text that is this node's own first choice there (rank 0 under its policy): "
+        "a peer's reasoning, as far as this node would write it itself.",
+    )
     rank_check: bool = Field(
         True, description="Refuse completions holding text this node's own policy would not write."
     )
@@ -127,6 +133,16 @@ class DefenceSection(_Section):
     distrust_s: float = Field(
         3600.0, ge=0.0, le=30 * 86400.0, description="Seconds a distrusted peer is ignored."
     )
+
+    @model_validator(mode="after")
+    def _first_choices(self) -> DefenceSection:
+        if self.teach_first_choices and not self.answer_only:
+            raise ValueError(
+                "defence.teach_first_choices widens what answer_only teaches, and "
+                "defence.answer_only is off (every token of a peer's completion teaches): "
+                "turn answer_only on, or teach_first_choices off"
+            )
+        return self
 
 
 class NetSection(_Section):
