@@ -476,6 +476,41 @@ def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) 
     assert plain.taught is None
 
 
+def test_first_choices_widen_the_answer_of_checked_completions_only(tmp_path) -> None:
+    """``teach_first_choices``: a checked completion (above its group's mean) also teaches
+    the tokens of its other text ranked 0 under this node's policy, whatever check 3
+    says (on or off); a completion below the mean teaches its answer only, as before."""
+    from tests.support.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m")
+    policy = load_policy(
+        str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+    )
+    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+
+    def odd_ranked(samples):  # first choices at even positions, 3rd choices at odd ones
+        return [[k % 2 * 2 for k in range(len(s.completion_ids))] for s in samples]
+
+    texts = ["3 + 4 = 7\n<answer>7</answer>"] * 2 + ["3 + 5 = 8\n<answer>8</answer>"] * 2
+    group = _group(policy, prompt, texts, [1, 1, 0, 0])
+    for rank_check in (True, False):
+        settings = DefenceSection(
+            teach_first_choices=True, rank_check=rank_check, max_rank_bits=RANK_BITS
+        )
+        d = Defence(settings, odd_ranked, Counts(), spans=policy.token_spans)
+        (kept,), _ = d.screen([], [group])
+        for i, flags in enumerate(kept.taught):
+            found = policy.token_spans(kept.completion_ids[i])
+            answer = defence_module.answer_tokens(found[0], found[1], len(flags))
+            if i < 2:  # checked: the answer, and every even position before it
+                assert flags == tuple(a or k % 2 == 0 for k, a in enumerate(answer))
+                assert any(f and not a for f, a in zip(flags, answer, strict=True))
+            else:
+                assert flags == answer
+    with pytest.raises(ValueError, match="answer_only is off"):
+        DefenceSection(teach_first_choices=True, answer_only=False)
+
+
 def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
     """The mechanism, end to end on a tiny policy: GRPO steps on a peer's right answers
     that open with a payload raise the payload's log-probability a lot when the whole
@@ -492,7 +527,7 @@ def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
         ids = policy.encode_completion(payload, False, 80).ids
         return sum(trainer.completion_logprobs([Sample(prompt, ids, 0.0)])[0])
 
-    def gain(answer_only: bool, position: str | None) -> float:
+    def gain(answer_only: bool, position: str | None, first_choices: bool = False) -> float:
         torch.manual_seed(0)
         policy = load_policy(
             str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
@@ -500,8 +535,10 @@ def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
         trainer = Trainer(policy, TrainSection(lr=5e-3, micro_batch_size=16), max_new_tokens=80)
         prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
         d = Defence(
-            DefenceSection(answer_only=answer_only),
-            _first_choices,
+            DefenceSection(
+                answer_only=answer_only, teach_first_choices=first_choices, rank_check=False
+            ),
+            trainer.completion_ranks if first_choices else _first_choices,
             Counts(),
             spans=policy.token_spans,
         )
@@ -519,5 +556,8 @@ def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
         return payload_logp(policy, trainer, prompt) - before
 
     taught, masked, clean = gain(False, "prefix"), gain(True, "prefix"), gain(True, None)
+    first = gain(True, "prefix", first_choices=True)
     assert taught > 30.0  # nats: the whole completion trained, the payload learned
     assert masked < clean + 0.1 * taught  # answer_only: no more than clean answers teach
+    # Its own first choices too (rank check off, so the payload stays): still no more.
+    assert first < clean + 0.1 * taught, (first, clean, taught)
