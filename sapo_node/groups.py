@@ -5,6 +5,7 @@ advantages from grpo.py), normalised over the whole round's batch (:class:`Train
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,7 +73,10 @@ def taught_flags(g: Group) -> list[tuple[bool, ...]]:
 
 
 def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
-    """GRPO samples of every group with signal, with group-normalised advantages."""
+    """GRPO samples of every group with signal, with group-normalised advantages. A group's
+    identical completions (same tokens, advantage and taught flags) become one sample with
+    ``copies``: the same gradient for one forward and backward (small models at a short
+    budget often write the same right answer several times in a group)."""
     samples = []
     for g in groups:
         if not g.has_signal:
@@ -80,9 +84,10 @@ def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
         rewards = torch.tensor([g.rewards], dtype=torch.float32)
         adv = grpo.group_advantages(rewards, scale=scale)[0].tolist()
         taught = g.taught or [None] * len(g.completion_ids)
+        copies = Counter(zip(map(tuple, g.completion_ids), adv, taught, strict=True))
         samples += [
-            Sample(g.prompt_ids, ids, a, flags)
-            for ids, a, flags in zip(g.completion_ids, adv, taught, strict=True)
+            Sample(g.prompt_ids, list(ids), a, flags, copies=n)
+            for (ids, a, flags), n in copies.items()
         ]
     return TrainingSet(
         samples,

@@ -479,9 +479,7 @@ class Defence:
                 continue
             taught = None
             if self.settings.answer_only:
-                taught = [
-                    self._taught(g.completion_ids[i], ranks.get((id(g), i))) for i in keep
-                ]
+                taught = [self._taught(g.completion_ids[i], ranks.get((id(g), i))) for i in keep]
             g = replace(
                 g,
                 completion_ids=[g.completion_ids[i] for i in keep],

@@ -66,12 +66,18 @@ class Sample:
     ``taught``: which completion tokens the loss counts (None: all of them). A token left
     out gets neither loss nor gradient; the others keep their weight (the loss is still
     normalised over whole completions), so leaving text out teaches less, never more.
+
+    ``copies``: how many identical samples this one stands for (``groups.training_set``
+    merges a group's identical completions). Identical tokens and advantage give identical
+    per-token losses, so one forward and backward weighted ``copies`` times gives the
+    gradient of them all, at the cost of one.
     """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float
     taught: tuple[bool, ...] | None = None
+    copies: int = 1
 
 
 @dataclass
@@ -460,7 +466,7 @@ class Trainer:
         if not samples:
             return TrainStats()
         plan = self._plan(samples, batch_rows, batch_tokens)
-        stats = TrainStats(sequences=len(samples), tokens=plan.tokens)
+        stats = TrainStats(sequences=sum(smp.copies for smp in samples), tokens=plan.tokens)
         model = self.policy.model
         try:
             for epoch in range(self.settings.ppo_epochs):
@@ -506,15 +512,17 @@ class Trainer:
         s = self.settings
         batches = self._micro_batches(samples)
         lengths = torch.tensor([len(smp.completion_ids) for smp in samples])
+        copies = torch.tensor([smp.copies for smp in samples], dtype=torch.float32)
         full_mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
         row_weight = grpo.loss_weights(
             full_mask,
             s.loss_norm,
             max_tokens=self.max_new_tokens,
-            batch_rows=batch_rows,
-            batch_tokens=batch_tokens,
+            batch_rows=int(copies.sum()) if batch_rows is None else batch_rows,
+            batch_tokens=int((lengths * copies).sum()) if batch_tokens is None else batch_tokens,
         )
-        row_weight = row_weight.max(dim=1).values  # weights are constant along a sequence
+        # Weights are constant along a sequence; a merged sample weighs as its copies.
+        row_weight = row_weight.max(dim=1).values * copies
         ref: list[torch.Tensor | None] = [None] * len(batches)
         if s.kl_coef > 0:
             with torch.no_grad(), self.policy.reference() as ref_model:
@@ -523,7 +531,7 @@ class Trainer:
             batches=batches,
             row_weight=row_weight,
             total_weight=max(float((row_weight * lengths).sum()), 1e-12),
-            tokens=int(lengths.sum()),
+            tokens=int((lengths * copies).sum()),
             ref=ref,
             old=[None] * len(batches),
         )

@@ -211,6 +211,45 @@ def test_zero_signal_groups_give_no_samples_but_count_in_the_batch() -> None:
     torch.testing.assert_close(adv, grpo.group_advantages(torch.tensor([[1.0, 0.0]]))[0])
 
 
+@pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
+def test_a_merged_sample_gives_the_gradient_of_its_copies(policy, norm: str) -> None:
+    """``Sample.copies``: identical samples trained once, weighted, give their gradient
+    and count in the stats as the copies would; training_set merges only the identical
+    completions of one group (same tokens, advantage and taught flags)."""
+    from dataclasses import replace
+
+    from sapo_node.groups import Group, training_set
+
+    base = _samples()
+    taught = replace(base[1], taught=(True, False) + (True,) * (len(base[1].completion_ids) - 2))
+    merged = [replace(base[0], copies=3), replace(taught, copies=2), *base[2:]]
+    flat = [base[0]] * 3 + [taught] * 2 + base[2:]
+    got, want = _grads(policy, merged, loss_norm=norm), _grads(policy, flat, loss_norm=norm)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-7, rtol=1e-4)
+    trainer = Trainer(policy, TrainSection(loss_norm=norm), max_new_tokens=16)
+    a, b = copy.deepcopy(trainer).step(merged), copy.deepcopy(trainer).step(flat)
+    assert (
+        (a.sequences, a.tokens)
+        == (b.sequences, b.tokens)
+        == (
+            len(flat),
+            sum(len(smp.completion_ids) for smp in flat),
+        )
+    )
+    assert a.loss == pytest.approx(b.loss, rel=1e-4, abs=1e-7)
+
+    ids = [[2, 4], [2, 4], [3], [2, 4], [2, 5]]
+    group = Group(None, [1], ids, ["a"] * 5, [True] * 5, [1.0, 1.0, 0.0, 1.0, 0.0])
+    batch = training_set([group], "std")
+    assert [(smp.completion_ids, smp.copies) for smp in batch.samples] == [
+        ([2, 4], 3),
+        ([3], 1),
+        ([2, 5], 1),
+    ]
+    assert (batch.batch_rows, batch.batch_tokens) == (5, 9)
+
+
 def _flat_group(n: int = 3) -> list[Sample]:
     """A group without signal: every advantage 0 (the node drops it before the trainer)."""
     return [Sample([7, 8, 9, 10], [20 + i, 21, 22, 23][: 2 + i], 0.0) for i in range(n)]
