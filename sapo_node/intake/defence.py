@@ -50,7 +50,7 @@ go through, in order:
    (rank 0 under its policy, from the ranks of check 3): text this node would write
    itself, greedily, given what came before. A token becomes likelier only where it
    already was the likeliest, so no token that was not this node's first choice becomes
-   one; the payloads measured in docs/security.md open on a token ranked 30th to 4,000th
+   one; the payloads measured in docs/security.md open on a token ranked 76th to 4,000th
    (``first_choice_tokens``).
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
