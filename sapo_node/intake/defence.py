@@ -501,7 +501,7 @@ class Defence:
         if not found:  # no token spans (no fast tokenizer, or text that re-tokenises apart)
             return (False,) * len(ids)  # nothing of it is taught
         answer = answer_tokens(found[0], found[1], len(ids))
-        if ranks is None or not self.settings.teach_first_choices:
+        if ranks is None:  # _check_ranks returns ranks only with teach_first_choices
             return answer
         return first_choice_tokens(answer, ranks)
 
