@@ -5,6 +5,7 @@ advantages from grpo.py), normalised over the whole round's batch (:class:`Train
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,11 +73,48 @@ def taught_flags(g: Group) -> list[tuple[bool, ...]]:
     return g.taught or [(True,) * len(ids) for ids in g.completion_ids]
 
 
-def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
+def stratified(rewards: Sequence[float], k: int, rng: random.Random) -> dict[int, float]:
+    """At most ``k`` of a group's completions, by index, each with the number of
+    completions it stands for: every distinct reward keeps ``a >= 1`` of its ``n``
+    completions, drawn at random and weighted ``n / a``; the rest of ``k`` goes to the
+    rewards by how many completions have them. Completions of one reward share one
+    advantage, so the weighted sample's gradient is the whole group's in expectation.
+    Fewer than ``k`` completions: all, weight 1. More rewards than ``k`` (partial rewards):
+    ``k`` completions at random, each weighted ``len(rewards) / k``."""
+    n = len(rewards)
+    if n <= k:
+        return dict.fromkeys(range(n), 1.0)
+    levels: dict[float, list[int]] = {}
+    for i, r in enumerate(rewards):
+        levels.setdefault(r, []).append(i)
+    if len(levels) > k:
+        return dict.fromkeys(sorted(rng.sample(range(n), k)), n / k)
+    members = [levels[r] for r in sorted(levels)]
+    take = [1] * len(members)
+    # The rest by largest remainder of each reward's share of k, capped at its size.
+    while sum(take) < k:
+        room = [j for j, m in enumerate(members) if take[j] < len(m)]
+        j = max(room, key=lambda j: (k * len(members[j]) / n - take[j], -j))
+        take[j] += 1
+    return {i: len(m) / a for m, a in zip(members, take, strict=True) for i in rng.sample(m, a)}
+
+
+def training_set(
+    groups: Sequence[Group],
+    scale: str,
+    *,
+    external_completions: int = 0,
+    rng: random.Random | None = None,
+) -> TrainingSet:
     """GRPO samples of every group with signal, with group-normalised advantages. A group's
     identical completions (same tokens, advantage and taught flags) become one sample with
     ``copies``: the same gradient for one forward and backward (small models at a short
-    budget often write the same right answer several times in a group)."""
+    budget often write the same right answer several times in a group).
+
+    ``external_completions`` > 0: of a peer's group (origin not "local"), only a
+    :func:`stratified` sample of that many completions trains (``rng`` draws it), each
+    with the ``weight`` of the completions it stands for; advantages come from the whole
+    group's rewards."""
     samples = []
     for g in groups:
         if not g.has_signal:
@@ -84,10 +122,16 @@ def training_set(groups: Sequence[Group], scale: str) -> TrainingSet:
         rewards = torch.tensor([g.rewards], dtype=torch.float32)
         adv = grpo.group_advantages(rewards, scale=scale)[0].tolist()
         taught = g.taught or [None] * len(g.completion_ids)
-        copies = Counter(zip(map(tuple, g.completion_ids), adv, taught, strict=True))
+        n = len(g.completion_ids)
+        weights = dict.fromkeys(range(n), 1.0)
+        if external_completions and g.origin != "local":
+            weights = stratified(g.rewards, external_completions, rng or random.Random(0))
+        copies = Counter(
+            (tuple(g.completion_ids[i]), adv[i], taught[i], w) for i, w in weights.items()
+        )
         samples += [
-            Sample(g.prompt_ids, list(ids), a, flags, copies=n)
-            for (ids, a, flags), n in copies.items()
+            Sample(g.prompt_ids, list(ids), a, flags, copies=c, weight=w)
+            for (ids, a, flags, w), c in copies.items()
         ]
     return TrainingSet(
         samples,

@@ -221,7 +221,12 @@ class Node:
                     theirs, screened = self.defence.screen(local, theirs)
             groups = local + practice + theirs
             with timer("train"):
-                batch = training_set(groups, s.advantage_scale)
+                batch = training_set(
+                    groups,
+                    s.advantage_scale,
+                    external_completions=s.external_completions,
+                    rng=random.Random(f"{self.seed}:external_completions:{r}"),
+                )
                 stats = TrainStats()
                 if self.trainer is not None:
                     try:

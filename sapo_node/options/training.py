@@ -321,6 +321,15 @@ class TrainSection(_Section):
         "generates its own completions for the peers' tasks (tasks at the edge of what the "
         "swarm can do), so it trains only text it wrote (docs/experiment.md).",
     )
+    external_completions: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="0: every completion of a peer's group trains. k: at most k of them, "
+        "a sample stratified by reward (each reward at least once), each weighted by how "
+        "many of its reward it stands for: the group's gradient in expectation, for k "
+        "sequences' training instead of all of them (sapo_node/groups.py). At least 2.",
+    )
     optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
     optimizer_state: Literal["bfloat16", "float32"] = Field(
         "bfloat16",
@@ -391,6 +400,11 @@ class TrainSection(_Section):
                 f"external_max ({self.external_max}) must be at most local_groups + "
                 f"external_groups ({self.local_groups + self.external_groups}): J is part "
                 "of a round's I + J"
+            )
+        if self.external_completions == 1:
+            raise ValueError(
+                "external_completions must be 0 (all) or at least 2: a group's gradient "
+                "needs a completion of each reward it compares"
             )
         for b in self.betas:
             if not 0.0 <= b < 1.0:

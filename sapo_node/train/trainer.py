@@ -71,6 +71,9 @@ class Sample:
     merges a group's identical completions). Identical tokens and advantage give identical
     per-token losses, so one forward and backward weighted ``copies`` times gives the
     gradient of them all, at the cost of one.
+
+    ``weight``: how many of its group's completions this one stands for when only some
+    of them train (``train.external_completions``): its loss counts ``weight`` times.
     """
 
     prompt_ids: list[int]
@@ -78,6 +81,7 @@ class Sample:
     advantage: float
     taught: tuple[bool, ...] | None = None
     copies: int = 1
+    weight: float = 1.0
 
 
 @dataclass
@@ -513,16 +517,20 @@ class Trainer:
         batches = self._micro_batches(samples)
         lengths = torch.tensor([len(smp.completion_ids) for smp in samples])
         copies = torch.tensor([smp.copies for smp in samples], dtype=torch.float32)
+        scale = copies * torch.tensor([smp.weight for smp in samples], dtype=torch.float32)
         full_mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
         row_weight = grpo.loss_weights(
             full_mask,
             s.loss_norm,
             max_tokens=self.max_new_tokens,
-            batch_rows=int(copies.sum()) if batch_rows is None else batch_rows,
-            batch_tokens=int((lengths * copies).sum()) if batch_tokens is None else batch_tokens,
+            batch_rows=round(float(scale.sum())) if batch_rows is None else batch_rows,
+            batch_tokens=round(float((lengths * scale).sum()))
+            if batch_tokens is None
+            else batch_tokens,
         )
-        # Weights are constant along a sequence; a merged sample weighs as its copies.
-        row_weight = row_weight.max(dim=1).values * copies
+        # Weights are constant along a sequence; a merged sample weighs as its copies,
+        # a sampled one as the completions it stands for.
+        row_weight = row_weight.max(dim=1).values * scale
         ref: list[torch.Tensor | None] = [None] * len(batches)
         if s.kl_coef > 0:
             with torch.no_grad(), self.policy.reference() as ref_model:

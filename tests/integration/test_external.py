@@ -424,7 +424,9 @@ def test_with_external_use_tasks_a_node_trains_only_its_own_text_on_peers_tasks(
         trained: list = []
         build = node_module.training_set
         monkeypatch.setattr(
-            node_module, "training_set", lambda gs, scale: trained.extend(gs) or build(gs, scale)
+            node_module,
+            "training_set",
+            lambda gs, scale, **kw: trained.extend(gs) or build(gs, scale, **kw),
         )
         published: list[bytes] = []
         monkeypatch.setattr(node.transport, "publish", lambda data: published.append(data) or True)

@@ -48,9 +48,9 @@ def trained(monkeypatch) -> list[list[Group]]:
     seen: list[list[Group]] = []
     real = node_module.training_set
 
-    def spy(groups, scale):
+    def spy(groups, scale, **kwargs):
         seen.append(list(groups))
-        return real(groups, scale)
+        return real(groups, scale, **kwargs)
 
     monkeypatch.setattr(node_module, "training_set", spy)
     return seen
@@ -326,3 +326,32 @@ def test_a_j_left_unfilled_by_the_share_cap_says_so(tiny_model_dir: Path, tmp_pa
     assert rec["groups/external"] == 1
     assert rec["train/j_unfilled"] == 1 and rec["train/j_unfilled_capped"] == 1
     assert rec["train/j_unfilled_expired"] == 0
+
+
+def test_external_completions_trains_k_of_each_peers_group(
+    tiny_model_dir: Path, tmp_path: Path, trained: list[list[Group]]
+) -> None:
+    """``train.external_completions``: of each peer's group with signal only k completions
+    train (its own groups whole), and train/sequences says so."""
+    hub = MemoryHub()
+    nodes = [
+        _node(tiny_model_dir, tmp_path / name, seed, external_completions=3)
+        for name, seed in (("a", 1), ("b", 2))
+    ]
+    for name, n in zip("ab", nodes, strict=True):
+        n.transport = hub.join(name)
+    sampled = 0
+    try:
+        for r in range(4):
+            for n in nodes:
+                rec = n.run_round(r)
+                groups = [g for g in trained[-1] if g.has_signal]
+                own = sum(len(g.completion_ids) for g in groups if g.origin == "local")
+                theirs = [len(g.completion_ids) for g in groups if g.origin != "local"]
+                assert rec["train/sequences"] == own + sum(min(3, k) for k in theirs)
+                sampled += sum(k > 3 for k in theirs)
+                n.round = r + 1
+    finally:
+        for n in nodes:
+            n.close()
+    assert sampled  # some peer's group had more than 3 completions to sample from

@@ -425,3 +425,30 @@ def test_untaught_tokens_get_no_loss_and_the_rest_keep_their_weight(policy) -> N
     assert packed.mask.tolist() == [[0, 1, 1]]
     with pytest.raises(ValueError, match="taught has 2 flags for 3 tokens"):
         pack([Sample([1, 2], [4, 5, 6], 1.0, (True, True))], pad_id=0)
+
+
+@pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
+def test_a_weighted_sample_counts_its_weight_times(policy, norm: str) -> None:
+    """``Sample.weight`` (a sampled peer completion standing for others of its reward):
+    weight 3 gives the gradient of 3 copies; any weight scales its share of the loss
+    linearly, in a batch of a given size; the stats count what was trained."""
+    from dataclasses import replace
+
+    base = _samples()
+    got = _grads(policy, [replace(base[0], weight=3.0), *base[1:]], loss_norm=norm)
+    want = _grads(policy, [replace(base[0], copies=3), *base[1:]], loss_norm=norm)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-7, rtol=1e-4)
+
+    def alone(weight: float) -> dict[str, torch.Tensor]:
+        trainer = Trainer(policy, TrainSection(loss_norm=norm), max_new_tokens=16)
+        trainer.gradients([replace(base[0], weight=weight)], batch_rows=8, batch_tokens=40)
+        return {n: t.grad.detach().clone() for n, t in policy.model.named_parameters()}
+
+    one, scaled = alone(1.0), alone(2.5)
+    for name in one:
+        torch.testing.assert_close(scaled[name], 2.5 * one[name], atol=1e-7, rtol=1e-4)
+    stats = Trainer(policy, TrainSection(loss_norm=norm), max_new_tokens=16).step(
+        [replace(base[0], weight=2.5), *base[1:]]
+    )
+    assert stats.sequences == len(base)
