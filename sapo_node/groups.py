@@ -122,8 +122,7 @@ def training_set(
         rewards = torch.tensor([g.rewards], dtype=torch.float32)
         adv = grpo.group_advantages(rewards, scale=scale)[0].tolist()
         taught = g.taught or [None] * len(g.completion_ids)
-        n = len(g.completion_ids)
-        weights = dict.fromkeys(range(n), 1.0)
+        weights = dict.fromkeys(range(len(g.completion_ids)), 1.0)
         if external_completions and g.origin != "local":
             weights = stratified(g.rewards, external_completions, rng or random.Random(0))
         copies = Counter(
