@@ -1,0 +1,119 @@
+"""What training only k of a peer group's completions saves in a step, on real groups.
+
+``train.external_completions = k`` trains a stratified, weighted sample of k of each
+peer group's completions (``groups.stratified``). A group's completions train after one
+shared prompt row (the trainer packs them), so the saving is less than k/8 when the
+prompt is long beside the completions. This measures it on the peers' groups with signal
+of a run's sample (scripts/bench_merge.py's ``signal_groups``; default the evidence
+setting's, docs/results/screening-cpu/peer-completions.jsonl), 2 groups to a step as a
+2/2 round's peers' part trains: seconds of ``Trainer.step`` with every completion and
+with k of them, each from the same weights and optimiser state, interleaved in rotating
+order, in one process. Prints one JSON object: per k, the sequences a step trains, the
+median seconds and their ratio to training all; and the mean prompt and completion
+tokens of the groups.
+
+    python scripts/bench_sample.py [--k 4 2] [--steps 8] [--repeats 3] [--model DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_merge import SAMPLE, signal_groups  # noqa: E402
+
+from sapo_node.config import Config  # noqa: E402
+from sapo_node.groups import training_set  # noqa: E402
+from sapo_node.train.policy import load_policy  # noqa: E402
+from sapo_node.train.trainer import Trainer  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sample", type=Path, default=SAMPLE)
+    ap.add_argument("--k", type=int, nargs="+", default=[4, 2], help="completions per group")
+    ap.add_argument("--steps", type=int, default=8, help="steps of 2 groups each")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--model", default="embedded", help="a model directory (tests: tiny)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = Config()
+    with tempfile.TemporaryDirectory() as cache:
+        policy = load_policy(
+            args.model,
+            device="cpu",
+            dtype=cfg.model.dtype,
+            lora=cfg.model.lora,
+            cache_dir=Path(cache),
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            seed=0,
+        )
+        groups = [replace(g, origin="peer") for g in signal_groups(args.sample, policy, cfg)]
+        trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
+        start = copy.deepcopy((trainer.policy.trainable_state(), trainer.optimizer.state_dict()))
+        ks = [0, *args.k]  # 0: every completion
+        seconds: dict[int, list[float]] = {k: [] for k in ks}
+        sequences = dict.fromkeys(ks, 0)
+        used = groups[: 2 * args.steps]
+        for step in range(args.steps):
+            pair = groups[2 * step : 2 * step + 2]
+            if len(pair) < 2:
+                break
+            batches = {
+                k: training_set(pair, "std", external_completions=k, rng=random.Random(step))
+                for k in ks
+            }
+            for k, batch in batches.items():
+                sequences[k] += sum(s.copies for s in batch.samples)
+            for rep in range(args.repeats):
+                for k in ks[rep % len(ks) :] + ks[: rep % len(ks)]:
+                    batch = batches[k]
+                    policy.load_trainable_state(start[0])
+                    trainer.optimizer.load_state_dict(copy.deepcopy(start[1]))
+                    t0 = time.perf_counter()
+                    trainer.step(
+                        batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
+                    )
+                    seconds[k].append(time.perf_counter() - t0)
+    all_s = statistics.median(seconds[0])
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "steps": len(seconds[0]) // args.repeats,
+                "prompt_tokens_mean": round(statistics.mean(len(g.prompt_ids) for g in used), 1),
+                "completion_tokens_mean": round(
+                    statistics.mean(len(c) for g in used for c in g.completion_ids), 1
+                ),
+                "completions_per_group_mean": round(
+                    statistics.mean(len(g.completion_ids) for g in used), 2
+                ),
+                "per_k": {
+                    str(k): {
+                        "sequences": sequences[k],
+                        "seconds_median": round(statistics.median(seconds[k]), 4),
+                        "over_all": round(statistics.median(seconds[k]) / all_s, 3),
+                    }
+                    for k in ks
+                },
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
