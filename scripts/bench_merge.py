@@ -68,28 +68,40 @@ def signal_groups(path: Path, policy, cfg: Config) -> list[Group]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser(doc: str, groups_per_step: int) -> argparse.ArgumentParser:
+    """The options these training benchmarks share (this one's and bench_sample.py's)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--sample", type=Path, default=SAMPLE)
-    ap.add_argument("--steps", type=int, default=8, help="steps of 4 groups each")
+    ap.add_argument("--steps", type=int, default=8, help=f"steps of {groups_per_step} groups each")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default="embedded", help="a model directory (tests: tiny)")
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    return ap
+
+
+def trainer_and_groups(args: argparse.Namespace, cache: Path) -> tuple[Trainer, list[Group]]:
+    """The default config's trainer on ``args.model`` (one CPU thread per
+    ``args.threads``) and the sample's groups with signal, tokenised by its policy."""
     torch.set_num_threads(args.threads)
     cfg = Config()
+    policy = load_policy(
+        args.model,
+        device="cpu",
+        dtype=cfg.model.dtype,
+        lora=cfg.model.lora,
+        cache_dir=cache,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        seed=0,
+    )
+    trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
+    return trainer, signal_groups(args.sample, policy, cfg)
+
+
+def main() -> None:
+    args = parser(__doc__, 4).parse_args()
     with tempfile.TemporaryDirectory() as cache:
-        policy = load_policy(
-            args.model,
-            device="cpu",
-            dtype=cfg.model.dtype,
-            lora=cfg.model.lora,
-            cache_dir=Path(cache),
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-            seed=0,
-        )
-        groups = signal_groups(args.sample, policy, cfg)
-        trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
+        trainer, groups = trainer_and_groups(args, Path(cache))
+        policy = trainer.policy
         start = copy.deepcopy((trainer.policy.trainable_state(), trainer.optimizer.state_dict()))
         seconds: dict[str, list[float]] = {"merged": [], "each": []}
         rows = {"merged": 0, "each": 0}

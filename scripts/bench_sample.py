@@ -17,7 +17,6 @@ tokens of the groups.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import random
@@ -28,42 +27,22 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_merge import SAMPLE, signal_groups  # noqa: E402
+from bench_merge import parser, trainer_and_groups  # noqa: E402
 
-from sapo_node.config import Config  # noqa: E402
 from sapo_node.groups import training_set  # noqa: E402
-from sapo_node.train.policy import load_policy  # noqa: E402
-from sapo_node.train.trainer import Trainer  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sample", type=Path, default=SAMPLE)
+    ap = parser(__doc__, 2)
     ap.add_argument("--k", type=int, nargs="+", default=[4, 2], help="completions per group")
-    ap.add_argument("--steps", type=int, default=8, help="steps of 2 groups each")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--model", default="embedded", help="a model directory (tests: tiny)")
-    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    cfg = Config()
     with tempfile.TemporaryDirectory() as cache:
-        policy = load_policy(
-            args.model,
-            device="cpu",
-            dtype=cfg.model.dtype,
-            lora=cfg.model.lora,
-            cache_dir=Path(cache),
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-            seed=0,
-        )
-        groups = [replace(g, origin="peer") for g in signal_groups(args.sample, policy, cfg)]
-        trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
+        trainer, groups = trainer_and_groups(args, Path(cache))
+        policy = trainer.policy
+        groups = [replace(g, origin="peer") for g in groups]
         start = copy.deepcopy((trainer.policy.trainable_state(), trainer.optimizer.state_dict()))
         ks = [0, *args.k]  # 0: every completion
         seconds: dict[int, list[float]] = {k: [] for k in ks}
