@@ -62,7 +62,7 @@ from sapo_node.intake.demand import Mix, choose_external
 from sapo_node.intake.pool import Pool, PooledGroup
 from sapo_node.metrics import MetricsLog
 from sapo_node.net import NetStats, Transport
-from sapo_node.record import age_record, log_round, round_record
+from sapo_node.record import age_record, answer_format_rate, log_round, round_record
 from sapo_node.tasks import (
     Scorer,
     ScorerUnavailable,
@@ -200,9 +200,8 @@ class Node:
         with timer("round"):
             with timer("intake"):
                 inbound = self._take_in()
-            j, why = choose_external(
-                s.external_groups, s.external_max, self.mix.signal_rate, len(self.pool)
-            )
+            rate, what = self.mix.own_rate(s.external_by)
+            j, why = choose_external(s.external_groups, s.external_max, rate, len(self.pool), what)
             external = self._take_external(r, j) if self.trains else []
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
@@ -243,12 +242,21 @@ class Node:
                 raise Stopped
             # From here the round changes what a checkpoint holds until it is counted.
             self._changed_round = self.round
-            self.mix.observe((g.task.ref.family, g.rewards) for g in local)
+            self.mix.observe(
+                ((g.task.ref.family, g.rewards) for g in local),
+                format_rate=answer_format_rate(local),
+            )
             moves: Counter[str] = Counter()
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
         record = self._record(r, local, groups, stats, new_tokens, timer, moves, len(practice))
-        record.update({"train/external_target": j, "train/own_signal_rate": self.mix.signal_rate})
+        record.update(
+            {
+                "train/external_target": j,
+                "train/own_signal_rate": self.mix.signal_rate,
+                "train/own_format_rate": self.mix.format_rate,
+            }
+        )
         if s.external_max is not None:
             log.info("J chosen", round=r, j=j, reason=why)
         record.update({f"defence/{k}": v for k, v in sorted(screened.items())})

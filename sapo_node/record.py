@@ -83,9 +83,7 @@ def round_record(
         "reward/practice_mean": mean_or_none([x for g in practised for x in g.rewards]),
         **outcome_counts("groups/local", local, threshold),
         **outcome_counts("groups/external", theirs, threshold),
-        "rollout/answer_tag_rate": mean(
-            [extract_answer(x) is not None for g in local for x in g.texts]
-        ),
+        "rollout/answer_tag_rate": answer_format_rate(local),
         "pool/groups": len(pool),
         "pool/mb": pool.size_bytes() / 2**20,
     }
@@ -124,6 +122,11 @@ def round_record(
         }
     )
     return rec
+
+
+def answer_format_rate(groups: Sequence[Group]) -> float:
+    """The share of the groups' completions with an answer between the tags (0 if none)."""
+    return mean([extract_answer(x) is not None for g in groups for x in g.texts])
 
 
 def age_record(theirs: Sequence[Group], r: int, now: float) -> dict[str, float]:

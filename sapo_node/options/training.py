@@ -311,6 +311,14 @@ class TrainSection(_Section):
         "the swarm (sapo_node/intake/demand.py). A node alone takes none, as with J = 0. "
         "Measured: no gain over a fixed J (docs/results/teaching-cpu/).",
     )
+    external_by: Literal["signal", "format"] = Field(
+        "signal",
+        description="What chooses J when external_max is set: J = external_max x (1 - a "
+        "moving rate of this node's own rounds). signal: the share of own groups with "
+        "signal. format: the share of own completions with an answer between the tags, so "
+        "that a node takes peers' groups while it learns the answer format and trains on "
+        "its own once it has it.",
+    )
     external_use: Literal["text", "answers", "tasks"] = Field(
         "text",
         description="What a node learns from the J peers' groups it draws. text: their "
@@ -400,6 +408,16 @@ class TrainSection(_Section):
                 f"external_max ({self.external_max}) must be at most local_groups + "
                 f"external_groups ({self.local_groups + self.external_groups}): J is part "
                 "of a round's I + J"
+            )
+        if (
+            self.external_by == "format"
+            and self.external_max is not None
+            and self.external_max >= self.local_groups + self.external_groups
+        ):
+            raise ValueError(
+                f"external_by = 'format' needs external_max ({self.external_max}) below "
+                f"local_groups + external_groups ({self.local_groups + self.external_groups}):"
+                " a round with no own group shows no answer format, and J would stay put"
             )
         if self.external_completions == 1:
             raise ValueError(

@@ -7,6 +7,7 @@ import doctest
 
 import pytest
 
+from sapo_node.config import load_config
 from sapo_node.intake import demand as mix_module
 from sapo_node.intake.demand import MIN_NEED, Mix, choose_external
 
@@ -50,3 +51,37 @@ def test_own_rounds_move_the_signal_rate_and_the_need() -> None:
     fresh = Mix()
     fresh.load_state_dict({})  # a checkpoint from before the mix was kept
     assert fresh == Mix()
+
+
+def test_the_format_rate_chooses_j_when_asked_and_survives_a_checkpoint() -> None:
+    m = Mix()
+    flat = [0.0] * 4
+    assert m.own_rate("format") == (None, "own completions in the answer format")
+    m.observe([("a", flat)], format_rate=0.25)
+    assert m.format_rate == 0.25 and m.signal_rate == 0.0
+    assert choose_external(2, 4, m.own_rate("format")[0], 10)[0] == 3
+    for _ in range(30):  # it learns the format; its groups still have no signal
+        m.observe([("a", flat)], format_rate=1.0)
+    rate, what = m.own_rate("format")
+    assert rate == pytest.approx(1.0, abs=0.01)
+    assert choose_external(2, 4, rate, 10, what) == (
+        0,
+        f"own completions in the answer format {rate:.2f}: J 0 of at most 4",
+    )
+    assert choose_external(2, 4, m.own_rate("signal")[0], 10)[0] == 4  # by signal: take all
+    m.observe([], format_rate=0.0)  # a round with no own group changes nothing
+    assert m.format_rate == rate
+    again = Mix()
+    again.load_state_dict(m.state_dict())
+    assert again == m
+
+
+def test_j_by_format_must_leave_an_own_group_to_measure() -> None:
+    train = {"local_groups": 2, "external_groups": 2, "external_by": "format"}
+    with pytest.raises(ValueError, match="needs external_max \\(4\\) below"):
+        load_config(overrides={"train": {**train, "external_max": 4}}, environ={})
+    assert load_config(overrides={"train": {**train, "external_max": 3}}, environ={})
+    signal = load_config(
+        overrides={"train": {**train, "external_by": "signal", "external_max": 4}}, environ={}
+    )
+    assert signal.train.external_max == 4
