@@ -378,6 +378,13 @@ class TrainSection(_Section):
         "peak a fifth lower, its time a quarter longer; full fine-tuning unchanged "
         "(docs/benchmarks.md, CPU paths).",
     )
+    shared_prefix: bool = Field(
+        True,
+        description="The first tokens that every prompt of a step has in common (the system "
+        "prompt and the worked example) computed once per step and read by every prompt "
+        "row, instead of once per row: the same loss and gradients up to float rounding, "
+        "for less training compute (docs/benchmarks.md). false: every row its whole prompt.",
+    )
     eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="Lower clip: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.28, gt=0.0, le=10.0, description="Upper clip: ratio <= 1 + eps_high.")
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="KL weight to the initial policy.")

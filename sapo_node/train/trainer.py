@@ -13,10 +13,21 @@ completion with its own copy of the prompt) up to float rounding, with micro-bat
 LoRA and gradient checkpointing (``tests/unit/test_prompt_sharing.py``). With L = 8
 completions of ~30 tokens after a ~104-token prompt, this removes ~70% of training
 tokens, and the completions of a row are not padded to the longest. A group split over
-two micro-batches runs its prompt in each of them. For models whose forward ends at the
-head (``PLAIN_HEAD_MODELS``) the logits are made from the decoder's hidden states 64
-positions at a time and recomputed in backward, so a micro-batch's whole [rows,
-positions, vocabulary] logits never exist (``train.chunked_head``). Models whose
+two micro-batches runs its prompt in each of them.
+
+The first tokens that every prompt of a step has in common (chat template, system prompt,
+worked example: 90 of the embedded model's ~105 with the default tasks) are computed once
+per step (``train.shared_prefix``): one short forward pass gives their keys and values in
+every layer, each row starts after them, its positions counting on from theirs, and every
+layer reads them before the row's own keys and values (``_Prefix``, the block mask's
+leading columns). Their gradient is gathered over the micro-batches and sent back through
+that one pass, so the loss and every gradient are again those of the unshared computation
+(tests/unit/test_prompt_sharing.py).
+
+For models whose forward ends at the head (``PLAIN_HEAD_MODELS``) the logits are made
+from the decoder's hidden states 64 positions at a time and recomputed in backward, so a
+micro-batch's whole [rows, positions, vocabulary] logits never exist
+(``train.chunked_head``). Models whose
 attention is not full attention in every layer with the "sdpa" or "eager" implementation
 (a sliding window, a flash kernel without custom masks) get one completion a row and
 their own causal mask.
@@ -50,6 +61,7 @@ import structlog
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from transformers.cache_utils import Cache, DynamicLayer
 
 from sapo_node.config import TrainSection
 from sapo_node.train import decode, grpo
@@ -105,25 +117,34 @@ class Packed:
     advantages: torch.Tensor  # [B]
 
 
-def block_mask(segments: torch.Tensor, attention: str) -> torch.Tensor:
-    """segments [R, W] (-1 padding, 0 prompt, k > 0 the k-th completion) -> [R, 1, W, W]:
-    a token sees the earlier tokens of its prompt and of its own completion. ``attention``
-    is the model's implementation: a boolean mask for "sdpa" (True: attend), an additive
-    one (0 or the float32 minimum) for "eager". A padding token sees itself only, so no
-    softmax row is empty."""
+def block_mask(segments: torch.Tensor, attention: str, prefix: int = 0) -> torch.Tensor:
+    """segments [R, W] (-1 padding, 0 prompt, k > 0 the k-th completion) -> [R, 1, W,
+    prefix + W]: a token sees the ``prefix`` shared prompt tokens before the row (keys and
+    values from ``_Prefix``), the earlier tokens of its prompt and those of its own
+    completion. ``attention`` is the model's implementation: a boolean mask for "sdpa"
+    (True: attend), an additive one (0 or the float32 minimum) for "eager". A padding
+    token sees itself only, so no softmax row is empty."""
     w = segments.shape[1]
     q, k = segments[:, :, None], segments[:, None, :]
     causal = torch.ones(w, w, dtype=torch.bool).tril()
     seen = causal & (k >= 0) & ((k == 0) | (k == q)) & (q >= 0)
     seen |= torch.eye(w, dtype=torch.bool)
+    if prefix:
+        seen = torch.cat([(q >= 0).expand(-1, -1, prefix), seen], dim=2)
     return decode.attention_mask(seen[:, None], attention)
 
 
-def pack(samples: Sequence[Sample], pad_id: int, *, attention: str | None = "sdpa") -> Packed:
+def pack(
+    samples: Sequence[Sample], pad_id: int, *, attention: str | None = "sdpa", prefix: int = 0
+) -> Packed:
     """Pad samples into one row per distinct prompt (see ``Packed``). ``attention``: the
     model's attention implementation ("sdpa" or "eager"); None, or any other, puts one
-    completion in each row (no block mask needed: the model's own causal mask applies)."""
+    completion in each row (no block mask needed: the model's own causal mask applies).
+    ``prefix``: how many first tokens, the same in every prompt, are left out of the rows
+    and computed once before them (``_Prefix``); the rows' positions count from it."""
     shared = attention in ("sdpa", "eager")
+    if prefix and not (shared and all(len(s.prompt_ids) > prefix for s in samples)):
+        raise ValueError("a shared prefix needs a block mask and a token of each prompt after it")
     rows: list[tuple[list[int], list[int]]] = []  # (prompt, sample indices)
     where: dict[tuple[int, ...], int] = {}
     for i, s in enumerate(samples):
@@ -133,7 +154,7 @@ def pack(samples: Sequence[Sample], pad_id: int, *, attention: str | None = "sdp
         else:
             where[key] = len(rows)
             rows.append((s.prompt_ids, [i]))
-    p_width = max(len(p) for p, _ in rows)
+    p_width = max(len(p) for p, _ in rows) - prefix
     spans = [sum(len(samples[i].completion_ids) - 1 for i in idx) for _, idx in rows]
     t_width = max(spans)
     c_width = max(len(s.completion_ids) for s in samples)
@@ -147,10 +168,10 @@ def pack(samples: Sequence[Sample], pad_id: int, *, attention: str | None = "sdp
     targets = torch.full((b, c_width), pad_id, dtype=torch.long)
     mask = torch.zeros((b, c_width), dtype=torch.float32)
     for j, (prompt, idx) in enumerate(rows):
-        p = len(prompt)
-        ids[j, p_width - p : p_width] = torch.tensor(prompt)
-        seg[j, p_width - p : p_width] = 0
-        pos[j, p_width - p : p_width] = torch.arange(p)
+        p = len(prompt)  # its positions: prefix .. p - 1 in the row, 0 .. prefix - 1 before
+        ids[j, p_width - p + prefix : p_width] = torch.tensor(prompt[prefix:])
+        seg[j, p_width - p + prefix : p_width] = 0
+        pos[j, p_width - p + prefix : p_width] = torch.arange(prefix, p)
         col = 0  # columns after the prompt used so far
         for k, i in enumerate(idx, start=1):
             comp = samples[i].completion_ids
@@ -173,7 +194,7 @@ def pack(samples: Sequence[Sample], pad_id: int, *, attention: str | None = "sdp
             col += n
     return Packed(
         input_ids=ids,
-        attention_mask=block_mask(seg, attention) if shared else (seg >= 0).long(),
+        attention_mask=block_mask(seg, attention, prefix) if shared else (seg >= 0).long(),
         position_ids=pos,
         row=row,
         index=index,
@@ -218,6 +239,7 @@ class _Plan:
     """One update's micro-batches, weights and fixed log-probs (old: set by epoch 1)."""
 
     batches: list[tuple[list[int], Packed]]
+    prefix: list[int]  # the prompts' shared first tokens, computed once per epoch (_Prefix)
     row_weight: torch.Tensor  # [N] loss weight of each sample's tokens
     total_weight: float
     tokens: int
@@ -310,6 +332,113 @@ def _never() -> bool:
     return False
 
 
+def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """How many first tokens every prompt has in common, short of each prompt's last
+    (whose logit predicts its completions' first tokens, so it stays in its row).
+
+    >>> common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]])
+    2
+    >>> common_prefix([[1, 2, 3], [1, 2, 3]])
+    2
+    """
+    if not prompts:
+        return 0
+    shortest = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    n = 0
+    while n < shortest and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
+
+
+class _PrefixLayer(DynamicLayer):
+    """One layer's keys and values of the shared prompt prefix, put before those of each
+    micro-batch row. Read only: ``update`` returns the prefix and the row's keys and
+    values together and stores nothing, so a layer recomputed in backward (gradient
+    checkpointing) reads the same, and one prefix serves every micro-batch."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, reads: list[int]) -> None:
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.device = keys.device
+        self.is_initialized = True
+        self._reads = reads
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self._reads[0] += 1
+        rows = (key_states.shape[0], -1, -1, -1)
+        return (
+            torch.cat([self.keys.expand(rows), key_states], dim=-2),
+            torch.cat([self.values.expand(rows), value_states], dim=-2),
+        )
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[-2]
+
+
+class _Prefix:
+    """The prompt tokens that every prompt of a step starts with (the system prompt and
+    worked example), computed once for all of its micro-batches (``Trainer._prefix``).
+
+    With autograd on, each micro-batch reads detached copies (``leaves``) whose gradients
+    add up over the micro-batches; ``backward`` then sends their sum once through the
+    prefix's forward pass. The gradient is the one of computing the prefix in every row,
+    summed, and the prefix's activations are computed and kept once."""
+
+    def __init__(self, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.computed = keys_values
+        grad = torch.is_grad_enabled() and keys_values[0][0].requires_grad
+        self.leaves = [
+            tuple(t.detach().requires_grad_(True) for t in kv) if grad else kv for kv in keys_values
+        ]
+        self.length = keys_values[0][0].shape[-2]
+        self.reads = [0]
+
+    @contextlib.contextmanager
+    def read(self, model: torch.nn.Module) -> Iterator[Cache]:
+        """A cache for one forward pass of ``model`` over rows packed without the prefix;
+        after it, a check that every layer read it. Decoder layers keep the cache they are
+        given under gradient checkpointing while in here: they drop it otherwise, since a
+        layer that writes to its cache would write twice when recomputed in backward, and
+        ``_PrefixLayer`` only reads. A model that still dropped it would have computed the
+        rows without their prompts' start: that is an error, never a step."""
+        layers = [m for m in model.modules() if hasattr(type(m), "_can_checkpoint_with_cache")]
+        before = [m.__dict__.get("_can_checkpoint_with_cache") for m in layers]
+        for m in layers:
+            m._can_checkpoint_with_cache = True
+        start = self.reads[0]
+        failure: BaseException | None = None
+        try:
+            yield Cache(layers=[_PrefixLayer(k, v, self.reads) for k, v in self.leaves])
+        except Exception as exc:  # the dropped prefix's masks do not fit: say why
+            failure = exc
+        finally:
+            for m, b in zip(layers, before, strict=True):
+                if b is None:
+                    del m._can_checkpoint_with_cache
+                else:
+                    m._can_checkpoint_with_cache = b
+        read = self.reads[0] - start
+        if read != len(self.leaves):
+            raise RuntimeError(
+                f"the shared prompt prefix was read by {read} of {len(self.leaves)} layers; "
+                "set train.shared_prefix = false for this model"
+            ) from failure
+        if failure is not None:
+            raise failure
+
+    def backward(self) -> None:
+        """The gradients the micro-batches left on the leaves, through the prefix."""
+        pairs = [
+            (t, leaf.grad)
+            for kv, leaves in zip(self.computed, self.leaves, strict=True)
+            for t, leaf in zip(kv, leaves, strict=True)
+            if leaf.grad is not None
+        ]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+
+
 class Trainer:
     """Owns the optimiser; turns a training set into ``ppo_epochs`` optimiser steps."""
 
@@ -355,8 +484,39 @@ class Trainer:
         )
         self.changed = False  # whether the last ``step`` began changing the weights
 
-    def _micro_batches(self, samples: Sequence[Sample]) -> list[tuple[list[int], Packed]]:
-        """Micro-batches with their sample indices: group by group, similar lengths together."""
+    def _shared_prefix(self, samples: Sequence[Sample]) -> list[int]:
+        """The first tokens every prompt of ``samples`` has in common (``common_prefix``)
+        when computing them once saves work: more than one prompt row in all, block masks
+        (``shared_attention``) and ``train.shared_prefix`` on. Else empty."""
+        if not (self.settings.shared_prefix and shared_attention(self.policy.model)):
+            return []
+        prompts = {tuple(smp.prompt_ids) for smp in samples}
+        if len(prompts) < 2 and len(samples) <= self.settings.micro_batch_size:
+            return []  # one row: nothing computed twice
+        return list(samples[0].prompt_ids[: common_prefix(list(prompts))])
+
+    def _prefix(self, model: torch.nn.Module, ids: Sequence[int]) -> _Prefix | None:
+        """The keys and values of ``ids`` (the shared prefix) in every layer, with the
+        graph to the weights when autograd is on. Gradient checkpointing stays off for
+        this one short row: the decoder drops its cache under checkpointing."""
+        if not ids:
+            return None
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        dev = self.policy.device
+        with _checkpointing_off(model), self.policy.autocast():
+            out = base.get_decoder()(
+                input_ids=torch.tensor([list(ids)], device=dev),
+                position_ids=torch.arange(len(ids), device=dev)[None],
+                use_cache=True,
+            )
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        return _Prefix([(layer.keys, layer.values) for layer in cache.layers])
+
+    def _micro_batches(
+        self, samples: Sequence[Sample], prefix: int = 0
+    ) -> list[tuple[list[int], Packed]]:
+        """Micro-batches with their sample indices: group by group, similar lengths
+        together; ``prefix``: leading prompt tokens left to ``_Prefix`` (see ``pack``)."""
         size = self.settings.micro_batch_size
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, s in enumerate(samples):
@@ -367,14 +527,22 @@ class Trainer:
         ]
         chunks = [order[i : i + size] for i in range(0, len(order), size)]
         pad, attention = self.policy.tokenizer.pad_token_id, shared_attention(self.policy.model)
-        return [(idx, pack([samples[i] for i in idx], pad, attention=attention)) for idx in chunks]
+        return [
+            (idx, pack([samples[i] for i in idx], pad, attention=attention, prefix=prefix))
+            for idx in chunks
+        ]
 
     def _logprobs(
-        self, model: torch.nn.Module, mb: Packed, *, entropy: bool = False
+        self,
+        model: torch.nn.Module,
+        mb: Packed,
+        prefix: _Prefix | None = None,
+        *,
+        entropy: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, C] of the completion tokens; with ``entropy``, also their entropy."""
         warp = {"top_k": self.top_k, "top_p": self.top_p}
-        states, head = self._states(model, mb)
+        states, head = self._states(model, mb, prefix)
 
         def logp(x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             out = grpo.token_logprobs(x, targets, self.temperature, **warp)
@@ -387,12 +555,13 @@ class Trainer:
         return (both[..., 0], both[..., 1].detach()) if entropy else both
 
     def _states(
-        self, model: torch.nn.Module, mb: Packed
+        self, model: torch.nn.Module, mb: Packed, prefix: _Prefix | None = None
     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]:
         """One forward pass over prompts and completions: [R, 1 + T, ...] at each row's last
         prompt position and its completion input tokens (see ``Packed``), and the head that
         turns them into logits. For ``PLAIN_HEAD_MODELS``, the decoder's last hidden
-        states and the model's output layer; else the model's logits and None."""
+        states and the model's output layer; else the model's logits and None. ``prefix``:
+        the shared prompt prefix the rows were packed without, read from its cache."""
         dev = self.policy.device
         keep = mb.next_ids.shape[1] + 1
         inputs = {
@@ -402,10 +571,11 @@ class Trainer:
             "use_cache": False,
         }
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        reading = contextlib.nullcontext() if prefix is None else prefix.read(model)
         chunked = getattr(base.config, "model_type", None) in PLAIN_HEAD_MODELS
         if not (chunked and self.settings.chunked_head):  # the plain path
-            with self.policy.autocast():
-                return model(**inputs, logits_to_keep=keep).logits, None
+            with self.policy.autocast(), reading as cache:
+                return model(**inputs, cache=cache, logits_to_keep=keep).logits, None
         project = base.get_output_embeddings()
         if type(project) is torch.nn.Linear and project.weight.dtype != self.policy.dtype:
             # Autocast would copy the float32 head (the tied embedding: 28M weights for the
@@ -419,8 +589,8 @@ class Trainer:
             with self.policy.autocast():
                 return project(x)
 
-        with self.policy.autocast():
-            hidden = base.get_decoder()(**inputs).last_hidden_state
+        with self.policy.autocast(), reading as cache:
+            hidden = base.get_decoder()(**inputs, cache=cache).last_hidden_state
         return hidden[:, -keep:], head
 
     @torch.no_grad()
@@ -428,8 +598,10 @@ class Trainer:
         """Each sample's completion-token log-probs under the current policy, in the
         distribution the node samples from (temperature, top-k, top-p); trains nothing."""
         out: list[list[float]] = [[] for _ in samples]
-        for idx, mb in self._micro_batches(samples):
-            logp = self._logprobs(self.policy.model, mb)
+        model, shared = self.policy.model, self._shared_prefix(samples)
+        prefix = self._prefix(model, shared)
+        for idx, mb in self._micro_batches(samples, len(shared)):
+            logp = self._logprobs(model, mb, prefix)
             for row, i in enumerate(idx):
                 out[i] = logp[row, : len(samples[i].completion_ids)].float().tolist()
         return out
@@ -441,8 +613,10 @@ class Trainer:
         Temperature, top-k and top-p keep this order, so the rank needs no sampling
         settings; trains nothing."""
         out: list[list[int]] = [[] for _ in samples]
-        for idx, mb in self._micro_batches(samples):
-            states, head = self._states(self.policy.model, mb)
+        model, shared = self.policy.model, self._shared_prefix(samples)
+        prefix = self._prefix(model, shared)
+        for idx, mb in self._micro_batches(samples, len(shared)):
+            states, head = self._states(model, mb, prefix)
             ranks = _per_token(mb, states, _with_head(grpo.token_ranks, head))
             for row, i in enumerate(idx):
                 out[i] = ranks[row, : len(samples[i].completion_ids)].tolist()
@@ -514,7 +688,8 @@ class Trainer:
     ) -> _Plan:
         """Micro-batches, per-row loss weights and the reference log-probs of one update."""
         s = self.settings
-        batches = self._micro_batches(samples)
+        shared = self._shared_prefix(samples)
+        batches = self._micro_batches(samples, len(shared))
         lengths = torch.tensor([len(smp.completion_ids) for smp in samples])
         copies = torch.tensor([smp.copies for smp in samples], dtype=torch.float32)
         scale = copies * torch.tensor([smp.weight for smp in samples], dtype=torch.float32)
@@ -534,9 +709,11 @@ class Trainer:
         ref: list[torch.Tensor | None] = [None] * len(batches)
         if s.kl_coef > 0:
             with torch.no_grad(), self.policy.reference() as ref_model:
-                ref = [self._logprobs(ref_model, mb) for _, mb in batches]
+                ref_prefix = self._prefix(ref_model, shared)
+                ref = [self._logprobs(ref_model, mb, ref_prefix) for _, mb in batches]
         return _Plan(
             batches=batches,
+            prefix=shared,
             row_weight=row_weight,
             total_weight=max(float((row_weight * lengths).sum()), 1e-12),
             tokens=int((lengths * copies).sum()),
@@ -555,12 +732,13 @@ class Trainer:
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = dict.fromkeys(("loss", "clip_frac", "kl", "approx_kl", "entropy"), 0.0)
+        prefix = self._prefix(model, plan.prefix)  # this epoch's weights
         for k, (idx, mb) in enumerate(plan.batches):
             if should_stop():
                 self.optimizer.zero_grad(set_to_none=True)
                 return None
             with self._checkpointing(mb):
-                logp, ent = self._logprobs(model, mb, entropy=True)
+                logp, ent = self._logprobs(model, mb, prefix, entropy=True)
             weights = (mb.mask * plan.row_weight[idx][:, None]).to(dev)
             if plan.old[k] is None:
                 plan.old[k] = logp.detach()  # no step yet: these are the old policy's
@@ -581,6 +759,8 @@ class Trainer:
             for key in ("clip_frac", "kl", "approx_kl"):
                 if key in info:
                     sums[key] += float(info[key]) * share
+        if prefix is not None:
+            prefix.backward()
         return sums
 
     def _checkpointing(self, mb: Packed) -> contextlib.AbstractContextManager:

@@ -1,5 +1,6 @@
-"""Prompt sharing in training (one row per prompt, a block attention mask): the loss and
-every gradient equal the unshared computation (each completion with its own prompt)."""
+"""Prompt sharing in training (one row per prompt, a block attention mask, the prompts'
+common first tokens computed once a step): the loss and every gradient equal the unshared
+computation (each completion with its own whole prompt)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,17 @@ from sapo_node.train.policy import load_policy
 from sapo_node.train.trainer import Sample, Trainer, block_mask, pack, shared_attention
 from tests.support.unshared import unshared_backward
 
+SHARED = 12  # first tokens every prompt of ``_groups`` has in common, as a system prompt
 
-def _groups(sizes=(4, 3, 5), seed: int = 3) -> list[Sample]:
-    """Groups with different prompt lengths and ragged completions (some of length 1)."""
+
+def _groups(sizes=(4, 3, 5), seed: int = 3, shared: int = SHARED) -> list[Sample]:
+    """Groups with different prompt lengths, their first ``shared`` tokens the same, and
+    ragged completions (some of length 1)."""
     g = torch.Generator().manual_seed(seed)
+    start = torch.randint(4, 90, (shared,), generator=g).tolist()
     out = []
     for k, n in enumerate(sizes):
-        prompt = torch.randint(4, 90, (4 + 3 * k,), generator=g).tolist()
+        prompt = start + [90 + k] + torch.randint(4, 90, (3 + 3 * k,), generator=g).tolist()
         for j in range(n):
             length = 1 if j == 0 else int(torch.randint(2, 9, (1,), generator=g))
             comp = torch.randint(4, 90, (length,), generator=g).tolist()
@@ -38,17 +43,19 @@ def _grads(policy) -> dict[str, torch.Tensor]:
     }
 
 
-def _compare(policy, settings: TrainSection, **weights) -> None:
-    samples = _groups()
+def _compare(policy, settings: TrainSection, shared: int = SHARED, **weights) -> None:
+    samples = _groups(shared=shared)
     trainer = Trainer(policy, settings, max_new_tokens=16)
-    shared = trainer.gradients(samples, **weights)
+    prefix = trainer._shared_prefix(samples)
+    assert len(prefix) == (shared if settings.shared_prefix else 0)
+    loss = trainer.gradients(samples, **weights)
     got = _grads(policy)
-    for idx, mb in trainer._micro_batches(samples):  # one row per distinct prompt
+    for idx, mb in trainer._micro_batches(samples, len(prefix)):  # one row per prompt
         assert mb.input_ids.shape[0] == len({tuple(samples[i].prompt_ids) for i in idx})
     want_loss = unshared_backward(policy, samples, settings, 16, **weights)
     want = _grads(policy)
     assert set(got) == set(want) and got
-    assert shared == pytest.approx(want_loss, abs=1e-6)
+    assert loss == pytest.approx(want_loss, abs=1e-6)
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-4, msg=name)
 
@@ -57,6 +64,70 @@ def _compare(policy, settings: TrainSection, **weights) -> None:
 @pytest.mark.parametrize("norm", ["token", "sequence"])
 def test_shared_prompts_give_the_unshared_gradients(tiny_policy, micro: int, norm: str) -> None:
     _compare(tiny_policy, TrainSection(micro_batch_size=micro, loss_norm=norm))
+
+
+@pytest.mark.parametrize(("shared", "on"), [(0, True), (SHARED, False)])
+def test_prompts_with_nothing_in_common_or_the_prefix_switched_off(
+    tiny_policy, shared: int, on: bool
+) -> None:
+    _compare(tiny_policy, TrainSection(micro_batch_size=4, shared_prefix=on), shared=shared)
+
+
+def test_one_prompt_in_one_micro_batch_has_nothing_to_share(tiny_policy) -> None:
+    trainer = Trainer(tiny_policy, TrainSection(micro_batch_size=8), max_new_tokens=16)
+    one = [smp for smp in _groups() if smp.prompt_ids == _groups()[0].prompt_ids]
+    assert trainer._shared_prefix(one) == []
+    assert len(trainer._shared_prefix(one * 3)) == len(one[0].prompt_ids) - 1  # 2 batches
+
+
+def _settings_pair(**kw) -> tuple[TrainSection, TrainSection]:
+    return TrainSection(**kw), TrainSection(shared_prefix=False, **kw)
+
+
+def test_a_step_with_reference_kl_and_two_epochs_is_the_same_either_way(tiny_policy) -> None:
+    """The reference model's log-probs and each epoch's new weights get their own prefix."""
+    samples = _groups()
+    on, off = _settings_pair(
+        micro_batch_size=4, kl_coef=0.1, ppo_epochs=2, optimizer="adam", lr=1e-3
+    )
+    a, b = copy.deepcopy(tiny_policy), copy.deepcopy(tiny_policy)
+    stats = Trainer(a, on, max_new_tokens=16).step(samples)
+    want = Trainer(b, off, max_new_tokens=16).step(samples)
+    assert stats is not None and want is not None and stats.steps == 2
+    assert stats.kl == pytest.approx(want.kl, rel=1e-4, abs=1e-7) and stats.kl > 0
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_ranks_and_logprobs_read_the_same_prefix(tiny_policy) -> None:
+    samples = _groups()
+    on, off = (Trainer(tiny_policy, t, max_new_tokens=16) for t in _settings_pair())
+    assert on.completion_ranks(samples) == off.completion_ranks(samples)
+    for x, y in zip(on.completion_logprobs(samples), off.completion_logprobs(samples), strict=True):
+        assert x == pytest.approx(y, abs=1e-5)
+
+
+def test_a_model_that_drops_the_prefix_is_refused(tiny_policy) -> None:
+    """A decoder layer that drops the cache it is given (as transformers' layers do under
+    gradient checkpointing unless told the cache is only read) would compute its rows
+    without their prompts' start. The step says so instead of training on that."""
+
+    def drop(module, args, kwargs):  # the prefix's cache only: its own forward keeps one
+        cache = kwargs.get("cache")
+        if cache is not None and isinstance(cache.layers[0], trainer_module._PrefixLayer):
+            kwargs = {**kwargs, "cache": None}
+        return args, kwargs
+
+    layers = list(tiny_policy.model.get_decoder().layers)
+    hooks = [m.register_forward_pre_hook(drop, with_kwargs=True) for m in layers]
+    trainer = Trainer(tiny_policy, TrainSection(micro_batch_size=4), max_new_tokens=16)
+    try:
+        with pytest.raises(RuntimeError, match="shared prompt prefix was read by 0 of 2 layers"):
+            trainer.gradients(_groups())
+    finally:
+        for h in hooks:
+            h.remove()
+    trainer.gradients(_groups(shared=0))  # nothing shared: nothing to drop
 
 
 def _lora_policy(model_dir: Path, *, gradient_checkpointing: bool = False):
@@ -78,7 +149,10 @@ def _lora_policy(model_dir: Path, *, gradient_checkpointing: bool = False):
     return pol
 
 
-def test_shared_prompts_with_lora(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("head", ["chunked", "model's own"])
+def test_shared_prompts_with_lora(tiny_model_dir: Path, head: str, monkeypatch) -> None:
+    if head != "chunked":  # the adapted model's own forward, the prefix through it
+        monkeypatch.setattr(trainer_module, "PLAIN_HEAD_MODELS", frozenset())
     pol = _lora_policy(tiny_model_dir)
     _compare(pol, TrainSection(micro_batch_size=3), batch_rows=20, batch_tokens=100)
 
@@ -127,7 +201,8 @@ def test_only_micro_batches_above_the_token_threshold_are_checkpointed(
 ) -> None:
     plain, ckpt = _plain_and_checkpointed(tiny_model_dir)
     samples = _groups()
-    batches = Trainer(ckpt, TrainSection(micro_batch_size=4), 16)._micro_batches(samples)
+    trainer = Trainer(ckpt, TrainSection(micro_batch_size=4), 16)
+    batches = trainer._micro_batches(samples, len(trainer._shared_prefix(samples)))
     sizes = [mb.input_ids.numel() for _, mb in batches]
     threshold = sorted(sizes)[len(sizes) // 2]  # some micro-batches above it, some not
     above = sum(n > threshold for n in sizes)
@@ -219,7 +294,8 @@ def test_gradient_checkpointing_with_lora_gives_the_adapters_their_gradients(
     Trainer(plain, settings, max_new_tokens=16).gradients(samples)
     trainer = Trainer(ckpt, settings, max_new_tokens=16)
     trainer.gradients(samples)
-    # with LoRA, by default, every micro-batch is checkpointed, however small
+    # with LoRA, by default, every micro-batch is checkpointed, however small (the
+    # shared prefix's one short row never is)
     assert len(calls) == len(trainer._micro_batches(samples)) * len(layers)
     assert _grads(plain)
     _assert_same_gradients(plain, ckpt)
