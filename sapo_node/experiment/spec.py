@@ -26,7 +26,18 @@ class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ratio: str = Field("2/2", description="Its I/J.")
-    set: dict[str, Any] = Field(default_factory=dict, description="Node config overrides.")
+    set: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Node config overrides; train.external_max makes its J adaptive (the "
+        "ratio's J the first round).",
+    )
+
+    @model_validator(mode="after")
+    def _not_the_ratio(self) -> Variant:
+        ratio_keys = set(self.set.get("train", {})) & {"local_groups", "external_groups"}
+        if ratio_keys:
+            raise ValueError(f"variant sets {sorted(ratio_keys)}: its ratio sets I and J")
+        return self
 
 
 class ExperimentSection(BaseModel):
@@ -127,6 +138,16 @@ class ExperimentSpec(BaseModel):
 
     @model_validator(mode="after")
     def _base(self) -> ExperimentSpec:
+        per_arm = set(self.base.get("train", {})) & {
+            "local_groups",
+            "external_groups",
+            "external_max",
+        }
+        if per_arm:
+            raise ValueError(
+                f"base sets {sorted(per_arm)}: the experiment sets I and J per configuration "
+                "(grid, variants' ratio; an adaptive J in a variant's set or experiment.adaptive)"
+            )
         for a in arms(self):  # validates base and each variant's overrides
             node_config(self, a, 0, Path("."))
         return self
@@ -224,6 +245,10 @@ def node_seed(spec: ExperimentSpec, index: int) -> int:
 def node_config(spec: ExperimentSpec, a: Arm, index: int, out: Path) -> Config:
     """The config of node ``index`` (over all replicates) of configuration ``a``."""
     e = spec.experiment
+    variant = {} if a.overrides is None else json.loads(a.overrides)
+    bound = a.external_max
+    if bound is None:  # a variant may make its J adaptive; every other J is fixed
+        bound = variant.get("train", {}).get("external_max")
     forced: dict[str, Any] = {
         "node": {
             "data_dir": str(out / a.dirname / f"node-{index}"),
@@ -235,7 +260,7 @@ def node_config(spec: ExperimentSpec, a: Arm, index: int, out: Path) -> Config:
         "train": {
             "local_groups": a.local,
             "external_groups": a.external,
-            "external_max": a.external_max,
+            "external_max": bound,
         },
         "curriculum": {"enabled": False},
         "net": {"enabled": False},
@@ -243,7 +268,7 @@ def node_config(spec: ExperimentSpec, a: Arm, index: int, out: Path) -> Config:
     }
     if a.sampling:
         forced["pool"] = {"sampling": a.sampling}
-    base = spec.base if a.overrides is None else _deep_merge(spec.base, json.loads(a.overrides))
+    base = _deep_merge(spec.base, variant)
     try:
         return Config.model_validate(_deep_merge(base, forced))
     except ValidationError as exc:

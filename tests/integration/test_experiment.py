@@ -175,6 +175,20 @@ def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) ->
     assert node_config(spec, arms(spec)[0], 0, tmp_path).train.external_max is None
     with pytest.raises(ConfigError, match="adaptive bounds"):
         load_spec(good, {"experiment": {"adaptive": [5]}})  # more than I + J = 4
+    # A variant's own adaptive J reaches its nodes (it was once overwritten by the
+    # fixed J of every non-adaptive configuration); the baseline's J stays 0.
+    by_format = {"ratio": "2/2", "set": {"train": {"external_max": 3, "external_by": "format"}}}
+    spec = load_spec(good, {"experiment": {"variants": {"2/2 format": by_format}}})
+    variant = next(a for a in arms(spec) if a.label == "2/2 format")
+    train = node_config(spec, variant, 0, tmp_path).train
+    assert (train.local_groups, train.external_groups, train.external_max) == (2, 2, 3)
+    assert train.external_by == "format"
+    assert node_config(spec, arms(spec)[0], 0, tmp_path).train.external_max is None
+    with pytest.raises(ConfigError, match="its ratio sets I and J"):
+        bad = {"ratio": "2/2", "set": {"train": {"local_groups": 3}}}
+        load_spec(good, {"experiment": {"variants": {"2/2 more": bad}}})
+    with pytest.raises(ConfigError, match="the experiment sets I and J per configuration"):
+        load_spec(good, {"base": {"train": {"external_max": 2}}})
 
 
 def test_a_solver_member_shares_checked_groups_that_the_nodes_train_on(
