@@ -9,7 +9,8 @@ setting's, docs/results/screening-cpu/peer-completions.jsonl), 4 groups to a ste
 round shapes: ``whole`` (every completion of the 4 groups trains, as in today's 2/2 or a
 4/0 round whose groups all have signal) and ``k2`` (2 groups whole and 2 peers' groups
 of which 2 completions train, as with ``train.external_completions = 2``); and the
-first-choices rank check (``Trainer.completion_ranks``) over 2 whole groups. Each from
+first-choices rank check over 2 whole groups (its forward pass without a gradient,
+prefix shared or not: ``_states`` as ``Trainer.completion_ranks`` runs it). Each from
 the same weights and optimiser state, with the prefix shared and not, interleaved in
 alternating order, in one process. Prints one JSON object: per case the median seconds
 either way and their ratio (shared over not), the tokens a step computes either way
@@ -34,10 +35,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
 from bench_merge import parser, trainer_and_groups  # noqa: E402
 
 from sapo_node.groups import training_set  # noqa: E402
-from sapo_node.train.trainer import Trainer  # noqa: E402
+from sapo_node.train import grpo  # noqa: E402
+from sapo_node.train.trainer import Trainer, _per_token, _with_head  # noqa: E402
 
 
 def row_tokens(trainer: Trainer, samples) -> int:
@@ -49,6 +52,17 @@ def row_tokens(trainer: Trainer, samples) -> int:
         out += sum(len(p) - n for p in {tuple(samples[i].prompt_ids) for i in idx})
         out += sum(len(samples[i].completion_ids) - 1 for i in idx)
     return out
+
+
+@torch.no_grad()
+def ranks(trainer: Trainer, samples) -> None:
+    """The rank check's forward passes and ranks, with the prefix shared when the
+    trainer's settings share it (the node's check keeps whole prompts)."""
+    shared = trainer._shared_prefix(samples)
+    prefix = trainer._prefix(trainer.policy.model, shared)
+    for _, mb in trainer._micro_batches(samples, len(shared)):
+        states, head = trainer._states(trainer.policy.model, mb, prefix)
+        _per_token(mb, states, _with_head(grpo.token_ranks, head))
 
 
 def main() -> None:
@@ -107,7 +121,7 @@ def main() -> None:
                         )
                         seconds[c][w].append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
-                    trainer.completion_ranks(checked)
+                    ranks(trainer, checked)
                     seconds["ranks"][w].append(time.perf_counter() - t0)
     report = {"model": args.model, "steps": steps}
     for c in cases:

@@ -22,7 +22,9 @@ every layer, each row starts after them, its positions counting on from theirs, 
 layer reads them before the row's own keys and values (``_Prefix``, the block mask's
 leading columns). Their gradient is gathered over the micro-batches and sent back through
 that one pass, so the loss and every gradient are again those of the unshared computation
-(tests/unit/test_prompt_sharing.py).
+(tests/unit/test_prompt_sharing.py). Passes without a gradient (``completion_ranks``,
+``completion_logprobs``) keep whole prompts: there the prefix's own pass and the longer
+key rows cost more than the prompt tokens saved (docs/benchmarks.md).
 
 For models whose forward ends at the head (``PLAIN_HEAD_MODELS``) the logits are made
 from the decoder's hidden states 64 positions at a time and recomputed in backward, so a
@@ -598,10 +600,8 @@ class Trainer:
         """Each sample's completion-token log-probs under the current policy, in the
         distribution the node samples from (temperature, top-k, top-p); trains nothing."""
         out: list[list[float]] = [[] for _ in samples]
-        model, shared = self.policy.model, self._shared_prefix(samples)
-        prefix = self._prefix(model, shared)
-        for idx, mb in self._micro_batches(samples, len(shared)):
-            logp = self._logprobs(model, mb, prefix)
+        for idx, mb in self._micro_batches(samples):
+            logp = self._logprobs(self.policy.model, mb)
             for row, i in enumerate(idx):
                 out[i] = logp[row, : len(samples[i].completion_ids)].float().tolist()
         return out
@@ -613,10 +613,8 @@ class Trainer:
         Temperature, top-k and top-p keep this order, so the rank needs no sampling
         settings; trains nothing."""
         out: list[list[int]] = [[] for _ in samples]
-        model, shared = self.policy.model, self._shared_prefix(samples)
-        prefix = self._prefix(model, shared)
-        for idx, mb in self._micro_batches(samples, len(shared)):
-            states, head = self._states(model, mb, prefix)
+        for idx, mb in self._micro_batches(samples):
+            states, head = self._states(self.policy.model, mb)
             ranks = _per_token(mb, states, _with_head(grpo.token_ranks, head))
             for row, i in enumerate(idx):
                 out[i] = ranks[row, : len(samples[i].completion_ids)].tolist()

@@ -99,14 +99,6 @@ def test_a_step_with_reference_kl_and_two_epochs_is_the_same_either_way(tiny_pol
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_ranks_and_logprobs_read_the_same_prefix(tiny_policy) -> None:
-    samples = _groups()
-    on, off = (Trainer(tiny_policy, t, max_new_tokens=16) for t in _settings_pair())
-    assert on.completion_ranks(samples) == off.completion_ranks(samples)
-    for x, y in zip(on.completion_logprobs(samples), off.completion_logprobs(samples), strict=True):
-        assert x == pytest.approx(y, abs=1e-5)
-
-
 def test_a_model_that_drops_the_prefix_is_refused(tiny_policy) -> None:
     """A decoder layer that drops the cache it is given (as transformers' layers do under
     gradient checkpointing unless told the cache is only read) would compute its rows
