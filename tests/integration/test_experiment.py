@@ -262,6 +262,7 @@ def test_the_gpu_experiment_script_runs_its_spec_on_the_cpu_with_a_tiny_model(
         "4/4 tasks",
         "4/4 answers",
         "4/4 first choices k2",
+        "4/4 format first choices k2",
     ]
     out = tmp_path / "out"
     env = {**os.environ, "SPEC": str(spec_file), "PYTHON": sys.executable, "ALLOW_CPU": "1"}
