@@ -25,10 +25,12 @@ MAX_GLOBAL_LEVELS = 32
 
 def reasoning_gym_levels(name: str) -> list[dict[str, Any]]:
     """The config fields that ReasoningGym's curriculum sets at each global level."""
+    if ":" in name:  # a custom family (module:Class): ReasoningGym, slow to import, unneeded
+        return [{}]
     from reasoning_gym.coaching import RangeAttributeDefinition, ScalarAttributeDefinition
     from reasoning_gym.factory import create_curriculum, has_curriculum
 
-    if ":" in name or not has_curriculum(name):
+    if not has_curriculum(name):
         return [{}]
     curriculum = create_curriculum(name)
     fields: list[str] = []
