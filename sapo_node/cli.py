@@ -58,7 +58,7 @@ def start(options: NodeOptions) -> None:
     from sapo_node.logs import configure_logging
     from sapo_node.ops import lifecycle
 
-    configure_logging(cfg.node.json_logs)
+    configure_logging(cfg.node.json_logs, models=not options.relay)
     try:
         lifecycle.run(cfg, relay=options.relay)
     except lifecycle.NodeFailed as exc:

@@ -21,8 +21,12 @@ class _StderrLogger:
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
 
-def configure_logging(json_logs: bool = False, level: int = logging.INFO) -> None:
-    """Route structlog and stdlib logging to stderr in one format."""
+def configure_logging(
+    json_logs: bool = False, level: int = logging.INFO, *, models: bool = True
+) -> None:
+    """Route structlog and stdlib logging to stderr in one format. ``models``: the process
+    may load a model, so transformers is quieted too; a process that loads none (the
+    network process, a relay) leaves it unimported (about a second of start-up)."""
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -44,6 +48,8 @@ def configure_logging(json_logs: bool = False, level: int = logging.INFO) -> Non
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
+    if not models:
+        return
     try:
         from transformers.utils import logging as hf_logging
 

@@ -69,7 +69,7 @@ async def _main(in_fd: int, out_fd: int) -> int:
     if first is None or first[0] != "settings":
         return 2
     settings = first[1]
-    configure_logging(json_logs=settings.get("json_logs", False))
+    configure_logging(json_logs=settings.get("json_logs", False), models=False)
     try:
         patches.apply()  # a py-libp2p they do not fit: one line, as the fatal error
         reach.count_as_lan(settings.get("lan_ranges", []))
