@@ -347,7 +347,7 @@ def main() -> None:
     os.dup2(log.fileno(), 2)
     from sapo_node.logs import configure_logging
 
-    configure_logging()
+    configure_logging(models=False)  # members only: no model here
     points: list[dict[str, Any]] = []
     late: dict[str, Any] | None = None
     print(
