@@ -379,7 +379,7 @@ def share(
     from sapo_node.share import Checker, read_lines
     from sapo_node.share import share as share_lines
 
-    configure_logging(cfg.node.json_logs)
+    configure_logging(cfg.node.json_logs, models=False)  # it checks and sends: no model
     streaming = file == "-"
     try:  # bytes: a line that is not UTF-8 is refused as such, with its number
         stream = sys.stdin.buffer if streaming else open(file, "rb")  # noqa: SIM115
