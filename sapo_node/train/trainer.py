@@ -19,7 +19,7 @@ The first tokens that every prompt of a step has in common (chat template, syste
 worked example: 90 of the embedded model's ~105 with the default tasks) are computed once
 per step (``train.shared_prefix``): one short forward pass gives their keys and values in
 every layer, each row starts after them, its positions counting on from theirs, and every
-layer reads them before the row's own keys and values (``_Prefix``, the block mask's
+layer reads them before the row's own keys and values (``prefix.Prefix``, the block mask's
 leading columns). Their gradient is gathered over the micro-batches and sent back through
 that one pass, so the loss and every gradient are again those of the unshared computation
 (tests/unit/test_prompt_sharing.py). Passes without a gradient (``completion_ranks``,
@@ -63,12 +63,12 @@ import structlog
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from transformers.cache_utils import Cache, DynamicLayer
 
 from sapo_node.config import TrainSection
 from sapo_node.train import decode, grpo
 from sapo_node.train.optim import CompactAdam
 from sapo_node.train.policy import Policy
+from sapo_node.train.prefix import Prefix, common_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -122,7 +122,7 @@ class Packed:
 def block_mask(segments: torch.Tensor, attention: str, prefix: int = 0) -> torch.Tensor:
     """segments [R, W] (-1 padding, 0 prompt, k > 0 the k-th completion) -> [R, 1, W,
     prefix + W]: a token sees the ``prefix`` shared prompt tokens before the row (keys and
-    values from ``_Prefix``), the earlier tokens of its prompt and those of its own
+    values from ``Prefix``), the earlier tokens of its prompt and those of its own
     completion. ``attention`` is the model's implementation: a boolean mask for "sdpa"
     (True: attend), an additive one (0 or the float32 minimum) for "eager". A padding
     token sees itself only, so no softmax row is empty."""
@@ -143,7 +143,7 @@ def pack(
     model's attention implementation ("sdpa" or "eager"); None, or any other, puts one
     completion in each row (no block mask needed: the model's own causal mask applies).
     ``prefix``: how many first tokens, the same in every prompt, are left out of the rows
-    and computed once before them (``_Prefix``); the rows' positions count from it."""
+    and computed once before them (``Prefix``); the rows' positions count from it."""
     shared = attention in ("sdpa", "eager")
     if prefix and not (shared and all(len(s.prompt_ids) > prefix for s in samples)):
         raise ValueError("a shared prefix needs a block mask and a token of each prompt after it")
@@ -241,7 +241,7 @@ class _Plan:
     """One update's micro-batches, weights and fixed log-probs (old: set by epoch 1)."""
 
     batches: list[tuple[list[int], Packed]]
-    prefix: list[int]  # the prompts' shared first tokens, computed once per epoch (_Prefix)
+    prefix: list[int]  # the prompts' shared first tokens, computed once per epoch (Prefix)
     row_weight: torch.Tensor  # [N] loss weight of each sample's tokens
     total_weight: float
     tokens: int
@@ -334,113 +334,6 @@ def _never() -> bool:
     return False
 
 
-def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """How many first tokens every prompt has in common, short of each prompt's last
-    (whose logit predicts its completions' first tokens, so it stays in its row).
-
-    >>> common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]])
-    2
-    >>> common_prefix([[1, 2, 3], [1, 2, 3]])
-    2
-    """
-    if not prompts:
-        return 0
-    shortest = min(len(p) for p in prompts) - 1
-    first = prompts[0]
-    n = 0
-    while n < shortest and all(p[n] == first[n] for p in prompts):
-        n += 1
-    return n
-
-
-class _PrefixLayer(DynamicLayer):
-    """One layer's keys and values of the shared prompt prefix, put before those of each
-    micro-batch row. Read only: ``update`` returns the prefix and the row's keys and
-    values together and stores nothing, so a layer recomputed in backward (gradient
-    checkpointing) reads the same, and one prefix serves every micro-batch."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, reads: list[int]) -> None:
-        super().__init__()
-        self.keys, self.values = keys, values
-        self.device = keys.device
-        self.is_initialized = True
-        self._reads = reads
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        self._reads[0] += 1
-        rows = (key_states.shape[0], -1, -1, -1)
-        return (
-            torch.cat([self.keys.expand(rows), key_states], dim=-2),
-            torch.cat([self.values.expand(rows), value_states], dim=-2),
-        )
-
-    def get_seq_length(self) -> int:
-        return self.keys.shape[-2]
-
-
-class _Prefix:
-    """The prompt tokens that every prompt of a step starts with (the system prompt and
-    worked example), computed once for all of its micro-batches (``Trainer._prefix``).
-
-    With autograd on, each micro-batch reads detached copies (``leaves``) whose gradients
-    add up over the micro-batches; ``backward`` then sends their sum once through the
-    prefix's forward pass. The gradient is the one of computing the prefix in every row,
-    summed, and the prefix's activations are computed and kept once."""
-
-    def __init__(self, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.computed = keys_values
-        grad = torch.is_grad_enabled() and keys_values[0][0].requires_grad
-        self.leaves = [
-            tuple(t.detach().requires_grad_(True) for t in kv) if grad else kv for kv in keys_values
-        ]
-        self.length = keys_values[0][0].shape[-2]
-        self.reads = [0]
-
-    @contextlib.contextmanager
-    def read(self, model: torch.nn.Module) -> Iterator[Cache]:
-        """A cache for one forward pass of ``model`` over rows packed without the prefix;
-        after it, a check that every layer read it. Decoder layers keep the cache they are
-        given under gradient checkpointing while in here: they drop it otherwise, since a
-        layer that writes to its cache would write twice when recomputed in backward, and
-        ``_PrefixLayer`` only reads. A model that still dropped it would have computed the
-        rows without their prompts' start: that is an error, never a step."""
-        layers = [m for m in model.modules() if hasattr(type(m), "_can_checkpoint_with_cache")]
-        before = [m.__dict__.get("_can_checkpoint_with_cache") for m in layers]
-        for m in layers:
-            m._can_checkpoint_with_cache = True
-        start = self.reads[0]
-        failure: BaseException | None = None
-        try:
-            yield Cache(layers=[_PrefixLayer(k, v, self.reads) for k, v in self.leaves])
-        except Exception as exc:  # the dropped prefix's masks do not fit: say why
-            failure = exc
-        finally:
-            for m, b in zip(layers, before, strict=True):
-                if b is None:
-                    del m._can_checkpoint_with_cache
-                else:
-                    m._can_checkpoint_with_cache = b
-        read = self.reads[0] - start
-        if read != len(self.leaves):
-            raise RuntimeError(
-                f"the shared prompt prefix was read by {read} of {len(self.leaves)} layers; "
-                "set train.shared_prefix = false for this model"
-            ) from failure
-        if failure is not None:
-            raise failure
-
-    def backward(self) -> None:
-        """The gradients the micro-batches left on the leaves, through the prefix."""
-        pairs = [
-            (t, leaf.grad)
-            for kv, leaves in zip(self.computed, self.leaves, strict=True)
-            for t, leaf in zip(kv, leaves, strict=True)
-            if leaf.grad is not None
-        ]
-        if pairs:
-            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
-
-
 class Trainer:
     """Owns the optimiser; turns a training set into ``ppo_epochs`` optimiser steps."""
 
@@ -497,7 +390,7 @@ class Trainer:
             return []  # one row: nothing computed twice
         return list(samples[0].prompt_ids[: common_prefix(list(prompts))])
 
-    def _prefix(self, model: torch.nn.Module, ids: Sequence[int]) -> _Prefix | None:
+    def _prefix(self, model: torch.nn.Module, ids: Sequence[int]) -> Prefix | None:
         """The keys and values of ``ids`` (the shared prefix) in every layer, with the
         graph to the weights when autograd is on. Gradient checkpointing stays off for
         this one short row: the decoder drops its cache under checkpointing."""
@@ -512,13 +405,13 @@ class Trainer:
                 use_cache=True,
             )
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
-        return _Prefix([(layer.keys, layer.values) for layer in cache.layers])
+        return Prefix([(layer.keys, layer.values) for layer in cache.layers])
 
     def _micro_batches(
         self, samples: Sequence[Sample], prefix: int = 0
     ) -> list[tuple[list[int], Packed]]:
         """Micro-batches with their sample indices: group by group, similar lengths
-        together; ``prefix``: leading prompt tokens left to ``_Prefix`` (see ``pack``)."""
+        together; ``prefix``: leading prompt tokens left to ``Prefix`` (see ``pack``)."""
         size = self.settings.micro_batch_size
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, s in enumerate(samples):
@@ -538,7 +431,7 @@ class Trainer:
         self,
         model: torch.nn.Module,
         mb: Packed,
-        prefix: _Prefix | None = None,
+        prefix: Prefix | None = None,
         *,
         entropy: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -557,7 +450,7 @@ class Trainer:
         return (both[..., 0], both[..., 1].detach()) if entropy else both
 
     def _states(
-        self, model: torch.nn.Module, mb: Packed, prefix: _Prefix | None = None
+        self, model: torch.nn.Module, mb: Packed, prefix: Prefix | None = None
     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]:
         """One forward pass over prompts and completions: [R, 1 + T, ...] at each row's last
         prompt position and its completion input tokens (see ``Packed``), and the head that

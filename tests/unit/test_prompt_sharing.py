@@ -13,6 +13,7 @@ import torch
 from sapo_node.config import LoraSection, TrainSection
 from sapo_node.train import trainer as trainer_module
 from sapo_node.train.policy import load_policy
+from sapo_node.train.prefix import PrefixLayer
 from sapo_node.train.trainer import Sample, Trainer, block_mask, pack, shared_attention
 from tests.support.unshared import unshared_backward
 
@@ -106,7 +107,7 @@ def test_a_model_that_drops_the_prefix_is_refused(tiny_policy) -> None:
 
     def drop(module, args, kwargs):  # the prefix's cache only: its own forward keeps one
         cache = kwargs.get("cache")
-        if cache is not None and isinstance(cache.layers[0], trainer_module._PrefixLayer):
+        if cache is not None and isinstance(cache.layers[0], PrefixLayer):
             kwargs = {**kwargs, "cache": None}
         return args, kwargs
 
