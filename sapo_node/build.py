@@ -15,6 +15,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import IO
 
 import torch
 
@@ -40,16 +41,20 @@ def build_node(
     stop: threading.Event | None = None,
     transport: Transport | None = None,
     clock: Callable[[], float] = time.time,
+    lock: IO[str] | None = None,
 ) -> Node:
     """A node of ``config``, its parts made and nothing run yet (``Node.resume`` and
     ``Node.run`` do that). ``clock``: seconds now for the pool's ages, the defence's
     deadlines and the creation time of shared groups (an experiment passes a clock of its
-    rounds)."""
+    rounds). ``lock``: the data directory's lock if the caller took it already
+    (``lifecycle.run_node``, which starts the network while the model loads); the node
+    owns it from here on, and a failure here releases it."""
     node: Node | None = None  # the pool's round clock reads the node's round once it is made
     with contextlib.ExitStack() as undo:
         data_dir = config.node.resolved_data_dir()
-        data_dir.mkdir(parents=True, exist_ok=True)
-        lock = lock_data_dir(data_dir)
+        if lock is None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            lock = lock_data_dir(data_dir)
         undo.callback(lock.close)
         seed = node_seed(data_dir, config.node.seed)  # a broken node.json: said before any load
         if config.node.threads:

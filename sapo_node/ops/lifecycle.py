@@ -4,10 +4,12 @@
 turns SIGINT and SIGTERM into a stop event (a second signal aborts without saving), then
 runs a relay or a node:
 
-- a node: its ports checked (before the model loads, so a busy one is found at once),
-  the status endpoint bound, the ``Node`` built, the libp2p transport started, then
-  rounds until the stop event or the configured total; endpoint, node and transport are
-  closed in ``finally``;
+- a node: its data directory locked and its ports checked (before anything heavy is
+  imported, so a second node on the directory or a busy port is refused at once), the
+  status endpoint bound, the libp2p transport started in a thread while the ``Node`` is
+  built (``Joining``: the node is in the swarm, and keeps what peers send, while its
+  model loads), then rounds until the stop event or the configured total; endpoint,
+  node and transport are closed in ``finally``;
 - a relay (``--no-train`` alone): the data directory locked, the transport started, and
   a line of its traffic logged every 10 s until stopped.
 
@@ -147,29 +149,37 @@ def cap_kernel_caches() -> dict[str, str]:
 
 def run_node(cfg: Config, stop: threading.Event) -> None:
     """A training or generating node: rounds until ``stop`` or ``node.rounds``."""
-    from sapo_node.build import build_node
-    from sapo_node.checkpoint import CheckpointError
-    from sapo_node.datadir import DataDirInUse
-    from sapo_node.intake.pool import PoolError
-    from sapo_node.ops.status import Status
-    from sapo_node.tasks import RG_VERSION
-    from sapo_node.train.policy import ModelLoadError
-
-    if cfg.net.enabled:
-        check_ports(cfg)  # before the model loads: a busy port is found at once
-    endpoint = status_endpoint(cfg)
+    data_dir = cfg.node.resolved_data_dir()
+    # Before anything heavy is imported or loaded: a second node on the data directory,
+    # or a busy port, is refused at once.
+    lock = hold_data_dir(data_dir)
+    try:
+        if cfg.net.enabled:
+            check_ports(cfg)
+        endpoint = status_endpoint(cfg)
+    except BaseException:
+        lock.close()
+        raise
     cap_kernel_caches()  # before the model computes: read at the first product
     fix_mmap_threshold()
+    # The network process starts while the model loads: the node joins the swarm and
+    # takes in peers' groups meanwhile (its inbox keeps them for the first round).
+    joining = Joining(cfg, data_dir) if cfg.net.enabled else None
+    node = None
     try:
-        node = build_node(cfg, stop=stop)
-    except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:
-        raise NodeFailed(str(exc)) from None
-    if cfg.net.enabled:
-        try:
-            node.transport = open_transport(cfg, node.data_dir)
-        except BaseException:
+        node = _build(cfg, stop, lock)
+        if joining is not None:
+            node.transport = joining.transport()
+    except BaseException:
+        if joining is not None:
+            joining.close()
+        if node is not None:
             node.close()
-            raise
+        raise
+    from sapo_node.checkpoint import CheckpointError
+    from sapo_node.ops.status import Status
+    from sapo_node.tasks import RG_VERSION
+
     log.info(
         "node ready",
         model=cfg.model.name,
@@ -197,6 +207,51 @@ def run_node(cfg: Config, stop: threading.Event) -> None:
     log.info("stopped", rounds_this_run=done, round=node.round)
     if node.failure:
         raise NodeFailed(node.failure)
+
+
+def _build(cfg: Config, stop: threading.Event, lock: Any) -> Any:
+    """``build_node`` with the data directory's ``lock`` (the node owns it from here on),
+    its failures the user can act on as NodeFailed."""
+    from sapo_node.build import build_node
+    from sapo_node.checkpoint import CheckpointError
+    from sapo_node.datadir import DataDirInUse
+    from sapo_node.intake.pool import PoolError
+    from sapo_node.train.policy import ModelLoadError
+
+    try:
+        return build_node(cfg, stop=stop, lock=lock)
+    except (ModelLoadError, DataDirInUse, CheckpointError, PoolError) as exc:
+        raise NodeFailed(str(exc)) from None
+
+
+class Joining:
+    """``open_transport`` in a thread, begun now: ``transport()`` waits for it and
+    returns it, or raises what it raised; ``close()`` closes it once it is up, whatever
+    became of it (a node whose model failed to load leaves no network process behind)."""
+
+    def __init__(self, cfg: Config, data_dir: Path) -> None:
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._open, args=(cfg, data_dir), name="join")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _open(self, cfg: Config, data_dir: Path) -> None:
+        try:
+            self._result = open_transport(cfg, data_dir)
+        except BaseException as exc:  # handed to the caller by transport()
+            self._error = exc
+
+    def transport(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def close(self) -> None:
+        self._thread.join()
+        if self._result is not None:
+            self._result.close()
 
 
 def run_relay(cfg: Config, stop: threading.Event) -> None:

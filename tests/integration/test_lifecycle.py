@@ -189,3 +189,20 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_with_no_network_restar
     assert (data / "peers-net.json").exists()  # the peer state was saved on the way out
     _, alive = psutil.wait_procs(children, timeout=max(0.0, 5.0 - (time.monotonic() - exited)))
     assert alive == [], [c.cmdline() for c in alive]  # no child outlives its node by 5 s
+
+
+def test_a_model_that_fails_to_load_stops_the_network_started_beside_it(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The network process starts while the model loads. When the model then fails to
+    load, the node says why in one line and exits 1, and stops that network process on
+    the way out (which saves the peer state: a transport orphaned would not)."""
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    config = _config(tmp_path, empty, LOOPBACK_NET)
+    data = tmp_path / "data"
+    code, err = _finish(_start(config, data, net=True), timeout=120)
+    assert code == 1, err[-3000:]
+    assert "not a model directory" in err and "Traceback" not in err
+    assert "swarm joined" in err  # it was in the swarm while the model loaded
+    assert (data / "peers-net.json").exists()

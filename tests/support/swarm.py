@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -116,6 +117,16 @@ class NodeProcess:
                     out.append(upgrade(json.loads(line)))
         return out
 
+    def net(self) -> dict | None:
+        """The swarm facts of the node's status endpoint now (peers, connections, routing
+        table, mesh), or None if it does not answer: what a failing wait prints."""
+        try:
+            url = json.loads((self.data_dir / "status.json").read_text())["url"]
+            with urllib.request.urlopen(f"{url}/status", timeout=5) as r:
+                return json.loads(r.read()).get("net")
+        except (OSError, ValueError, KeyError):
+            return None
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -139,9 +150,14 @@ class NodeProcess:
                 self.proc.wait(10)
         return self.proc.returncode
 
-    def tail(self, n: int = 30) -> str:
+    def tail(self, n: int = 30, *, events: int = 0) -> str:
+        """The last ``n`` lines of the log; with ``events``, the last ``events`` lines
+        other than rounds and checkpoints before them (the network's say in a long run)."""
         with contextlib.suppress(FileNotFoundError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+            lines = self.log.read_text(errors="replace").splitlines()
+            quiet = ('"event": "round"', '"event": "checkpoint saved"')
+            said = [x for x in lines[:-n] if not any(q in x for q in quiet)][-events:]
+            return "\n".join((said if events else []) + lines[-n:])
         return ""
 
 
