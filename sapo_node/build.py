@@ -69,14 +69,7 @@ def build_node(
             gradient_checkpointing=m.gradient_checkpointing,
             seed=seed,  # the adapter's initial weights: the node seed's, not the process's
         )
-        sc = config.scoring
-        scorer = Scorer(
-            reward=config.tasks.reward,
-            correct_threshold=config.tasks.correct_threshold,
-            max_completion_chars=sc.max_completion_chars,
-            timeout_s=sc.timeout_s,
-            memory_mb=sc.memory_mb,
-        )
+        scorer = Scorer.of(config)
         undo.callback(scorer.close)
         curriculum = Curriculum(config.tasks.families, config.curriculum)
         trainer = None

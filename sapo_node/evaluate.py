@@ -226,12 +226,5 @@ def evaluate_checkpoint(config: Config, checkpoint: Path | None = None) -> tuple
         except ValueError as exc:
             raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from None
         what = f"{path} (round {ckpt.state.get('round')})"
-    sc = config.scoring
-    with Scorer(
-        reward=config.tasks.reward,
-        correct_threshold=config.tasks.correct_threshold,
-        max_completion_chars=sc.max_completion_chars,
-        timeout_s=sc.timeout_s,
-        memory_mb=sc.memory_mb,
-    ) as scorer:
+    with Scorer.of(config) as scorer:
         return evaluate(policy, scorer, config), what

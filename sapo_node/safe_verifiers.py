@@ -476,7 +476,9 @@ def score_entry(
     return score_answer(family, dataset, answer, entry)
 
 
-def warmup() -> None:
-    """Import ReasoningGym (slow, ~1-3 s) and sympy's parser ahead of the first scoring call."""
-    import reasoning_gym  # noqa: F401
-    import sympy.parsing.sympy_parser  # noqa: F401
+def warmup(reasoning_gym: bool = True) -> None:
+    """Import ReasoningGym (slow, ~1-3 s) and sympy's parser ahead of the first scoring
+    call; nothing for a node whose families are all custom (``reasoning_gym`` False)."""
+    if reasoning_gym:
+        import reasoning_gym  # noqa: F401
+        import sympy.parsing.sympy_parser  # noqa: F401

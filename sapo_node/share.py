@@ -125,14 +125,7 @@ class Checker:
         self.author = author
         self.clock = clock
         self._own_scorer = scorer is None
-        sc = config.scoring
-        self.scorer = scorer or Scorer(
-            reward=config.tasks.reward,
-            correct_threshold=config.tasks.correct_threshold,
-            max_completion_chars=sc.max_completion_chars,
-            timeout_s=sc.timeout_s,
-            memory_mb=sc.memory_mb,
-        )
+        self.scorer = scorer or Scorer.of(config)
         p = config.pool
         self.pool = Pool(
             None,

@@ -22,12 +22,15 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import structlog
 
 from sapo_node import safe_verifiers
 from sapo_node.sandbox import DEFAULT_COMPILE_ALLOWLIST, Sandbox, SandboxLimits
+
+if TYPE_CHECKING:
+    from sapo_node.config import Config
 
 log = structlog.get_logger(__name__)
 
@@ -235,6 +238,7 @@ class Scorer:
         max_completion_chars: int = 8192,
         timeout_s: float = 2.0,
         memory_mb: int = 1024,
+        reasoning_gym: bool = True,
     ) -> None:
         self.reward = reward
         self.correct_threshold = correct_threshold
@@ -248,7 +252,23 @@ class Scorer:
                 compile_allowed_from=DEFAULT_COMPILE_ALLOWLIST
                 | safe_verifiers.TRUSTED_COMPILE_CALLERS,
             ),
-            warmup=safe_verifiers.warmup,
+            warmup=functools.partial(safe_verifiers.warmup, reasoning_gym=reasoning_gym),
+        )
+
+    @classmethod
+    def of(cls, config: Config) -> Scorer:
+        """The scorer of a node's config (``tasks`` and ``scoring``). Its worker imports
+        ReasoningGym ahead of the first call only if a family is ReasoningGym's: a node of
+        custom families alone never scores one (peers' groups of other families are
+        refused before scoring), and spares each worker start that import."""
+        sc = config.scoring
+        return cls(
+            reward=config.tasks.reward,
+            correct_threshold=config.tasks.correct_threshold,
+            max_completion_chars=sc.max_completion_chars,
+            timeout_s=sc.timeout_s,
+            memory_mb=sc.memory_mb,
+            reasoning_gym=any(":" not in f.name for f in config.tasks.families),
         )
 
     def _to_reward(self, raw: float) -> float:

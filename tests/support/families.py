@@ -44,7 +44,19 @@ class Crashes:
         os._exit(7)
 
 
-def broken_warmup() -> None:
+class GymLoaded:
+    """Scores 1 when ReasoningGym is imported in the scoring worker, else 0."""
+
+    def make(self, ref: TaskRef) -> Task:
+        return Task(ref, "Anything.", "1")
+
+    def score(self, task: Task, completion: str) -> float:
+        import sys
+
+        return float("reasoning_gym" in sys.modules)
+
+
+def broken_warmup(reasoning_gym: bool = True) -> None:
     """A scoring worker start-up that fails."""
     raise ImportError("reasoning_gym is broken")
 

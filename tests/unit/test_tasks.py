@@ -128,6 +128,25 @@ def test_hanging_and_crashing_verifiers_score_zero_and_scoring_goes_on() -> None
         assert [r.reward for r in s.score(ok, ["77"])] == [1.0]
 
 
+@pytest.mark.parametrize(
+    ("families", "imported"),
+    [
+        (["tests.support.families:GymLoaded"], 0.0),
+        (["tests.support.families:GymLoaded", "gcd"], 1.0),
+    ],
+)
+def test_the_worker_imports_reasoning_gym_only_for_its_families(families, imported) -> None:
+    """A node of custom families alone spares its scoring worker the import (seconds at
+    each worker start); one with a ReasoningGym family imports it ahead of the first call."""
+    from sapo_node.config import load_config
+
+    specs = [{"name": f, "levels": [{}]} for f in families]
+    config = load_config(overrides={"tasks": {"families": specs}}, environ={})
+    task = make_task(TaskRef.make("tests.support.families:GymLoaded", {}, 1, 0))
+    with Scorer.of(config) as s:
+        assert [r.raw_score for r in s.score(task, ["x"])] == [imported]
+
+
 def test_completions_are_bounded_before_scoring(scorer: Scorer) -> None:
     task = make_task(TaskRef.make("tests.support.families:Sevens", {}, 1, 0))
     long = "7" * 10 + "x" * 1_000_000
