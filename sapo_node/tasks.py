@@ -22,15 +22,12 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
 from sapo_node import safe_verifiers
 from sapo_node.sandbox import DEFAULT_COMPILE_ALLOWLIST, Sandbox, SandboxLimits
-
-if TYPE_CHECKING:
-    from sapo_node.config import Config
 
 log = structlog.get_logger(__name__)
 
@@ -256,8 +253,9 @@ class Scorer:
         )
 
     @classmethod
-    def of(cls, config: Config) -> Scorer:
-        """The scorer of a node's config (``tasks`` and ``scoring``). Its worker imports
+    def of(cls, config: Any) -> Scorer:
+        """The scorer of a node's ``Config`` (its ``tasks`` and ``scoring``; not imported
+        here: config imports this module through the wire format). Its worker imports
         ReasoningGym ahead of the first call only if a family is ReasoningGym's: a node of
         custom families alone never scores one (peers' groups of other families are
         refused before scoring), and spares each worker start that import."""
