@@ -407,7 +407,7 @@ class Node:
             outcomes["unread"] = len(self.transport.received())
             return outcomes
         for message in self.transport.received():
-            verdict = self.receive(message.data, message.author)
+            verdict = self.receive(message.data, message.author, message.received_at)
             outcomes[verdict.outcome] += 1
             if verdict.outcome == "rejected":
                 self.transport.penalise(message.author)
@@ -544,9 +544,10 @@ class Node:
         """The held-out evaluation of the current policy (evaluate.py); trains nothing."""
         return evaluate(self.policy, self.scorer, self.config, should_stop=self.stop.is_set)
 
-    def receive(self, data: bytes, author: str) -> Verdict:
-        """A peer's message: checked, regenerated and scored by this node, then pooled."""
-        return self.intake.receive(data, author)
+    def receive(self, data: bytes, author: str, arrived: float | None = None) -> Verdict:
+        """A peer's message, which reached this node at ``arrived`` (now if not given):
+        checked, regenerated and scored by this node, then pooled."""
+        return self.intake.receive(data, author, arrived)
 
     # --- record and state --------------------------------------------------------------
 

@@ -206,6 +206,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (args.out / "run.json").write_text(json.dumps(run_facts, indent=2) + "\n", encoding="utf-8")
     hub = MemoryHub()
     observer = hub.join(OBSERVER, per_author=4096, total=65536)
+    # time follows the rounds (pool ages, distrust, messages' times), not the machine's load
+    clock = RoundClock(ROUND_S)
     attackers = [
         (
             PoisonPeer(
@@ -216,13 +218,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 groups=args.groups,
                 position=args.position,
             ),
-            Deferred(hub.join(ATTACKER if args.identities == 1 else f"{ATTACKER}-{k}")),
+            Deferred(hub.join(ATTACKER if args.identities == 1 else f"{ATTACKER}-{k}"), clock.now),
         )
         for k in range(args.identities)
     ]
     nodes: list[Node] = []
-    # time follows the rounds (pool ages, distrust, messages' times), not the machine's load
-    clock = RoundClock(ROUND_S)
     names: dict[str, int] = {}
     rounds_log = (args.out / "rounds.jsonl").open("a", encoding="utf-8")
     evals_log = (args.out / "evals.jsonl").open("a", encoding="utf-8")
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _share_model_cache(args.out, data_dir)
             with _locked(args.out / ".models.lock"):
                 node = build_node(
-                    config, transport=Deferred(hub.join(f"node-{i}")), clock=clock.now
+                    config, transport=Deferred(hub.join(f"node-{i}"), clock.now), clock=clock.now
                 )
             nodes.append(node)
             names[f"node-{i}"] = i

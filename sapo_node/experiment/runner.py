@@ -43,11 +43,12 @@ class Deferred:
     the queues are delivered, so every node sees its peers' round r in round r + 1,
     whatever its place in the order. A stop keeps what is in flight (``park``), and a
     resume puts it back (``unpark``), so a stopped experiment sees the same messages in
-    the same rounds as one that was never stopped.
+    the same rounds as one that was never stopped. What it delivers arrives, on the
+    experiment's clock, when the node takes it in (``clock``).
     """
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, inner: Any, clock: Callable[[], float]) -> None:
+        self.inner, self.clock = inner, clock
         self.peer_id = inner.peer_id
         self.round = 0  # the round whose publications are being queued
         self._queue: list[tuple[int, bytes]] = []
@@ -90,7 +91,7 @@ class Deferred:
         path.unlink()
 
     def received(self):
-        return self.inner.received()
+        return [dataclasses.replace(m, received_at=self.clock()) for m in self.inner.received()]
 
     def peers(self) -> int:
         return self.inner.peers()
@@ -222,7 +223,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 node_seed(spec, SOLVER_INDEX + replicate),
                 a.solver,
                 e.solver_groups,
-                Deferred(hub.join(f"solver-{replicate}")),
+                Deferred(hub.join(f"solver-{replicate}"), clock.now),
                 clock.now,
             )
         for i in indices:
@@ -234,7 +235,7 @@ def _run_swarm(spec, a: Arm, out: Path, indices: list[int], stop, progress) -> b
                 node = build_node(
                     config,
                     stop=stop,
-                    transport=Deferred(hub.join(f"node-{i}")),
+                    transport=Deferred(hub.join(f"node-{i}"), clock.now),
                     clock=clock.now,
                 )
             nodes.append(node)

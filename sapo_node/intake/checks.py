@@ -76,9 +76,13 @@ CLOCK_WINDOW_S = 600.0
 # Blaming them got resumed nodes banned by every peer (docs/soak.md). A group from the
 # future says that one of two clocks is wrong, and the receiver cannot tell whose: when
 # its own is behind, every honest peer's groups look ahead, and blaming them got the
-# skewed node to ban every honest peer it met (docs/soak.md, beyond the tolerance).
+# skewed node to ban every honest peer it met (docs/soak.md, beyond the tolerance). An
+# author over its rate is a bound on this node's work, not a fault: the network process
+# already drops such messages without blame (net/pubsub.py), and blaming the rest got an
+# honest author at its full rate banned by a node whose rounds are slow (docs/soak.md).
 IGNORED = wire.IGNORED | {
     "duplicate",
+    "rate_limited",
     TOO_OLD,
     FROM_THE_FUTURE,
     UNKNOWN_FAMILY,
@@ -137,8 +141,9 @@ class Intake:
         self._ahead: dict[str, float] = {}  # author -> when its last group came from the future
         self._clock_warned = -math.inf
 
-    def receive(self, data: bytes, author: str) -> Verdict:
-        """Check one message from ``author`` and pool it if it passes."""
+    def receive(self, data: bytes, author: str, arrived: float | None = None) -> Verdict:
+        """Check one message from ``author``, which reached this node at ``arrived``
+        (the pool's clock; now if not given), and pool it if it passes."""
         if not isinstance(author, str) or not 0 < len(author) <= MAX_AUTHOR_CHARS:
             return self._refuse(OTHERS, BAD_AUTHOR, f"author {str(author)[:40]!r}")
         if self.distrusted is not None and self.distrusted(author):
@@ -154,7 +159,7 @@ class Intake:
         if created < now - self.pool.max_age_s:
             return self._refuse(author, TOO_OLD, f"created {now - created:.0f} s ago")
         digest = group_digest(author, msg)
-        admission = self.pool.check(author, digest)
+        admission = self.pool.check(author, digest, arrived)
         if admission is not None:
             return self._refuse(author, admission)
         try:

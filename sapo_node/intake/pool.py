@@ -376,8 +376,11 @@ class Pool:
 
     # --- admission ----------------------------------------------------------------------
 
-    def check(self, author: str, digest: bytes) -> str | None:
-        """Before any costly check: 'duplicate', 'rate_limited', or None to go on."""
+    def check(self, author: str, digest: bytes, arrived: float | None = None) -> str | None:
+        """Before any costly check: 'duplicate', 'rate_limited', or None to go on. The
+        author's rate is measured at ``arrived``, when the group reached this node (now if
+        not given): a node takes in what came during a round once the round ends, and an
+        author within its rate for the whole round is within it for the pool too."""
         with self._lock:
             now = self.clock()
             if self._db.execute(
@@ -385,7 +388,7 @@ class Pool:
                 (digest, now - self.max_age_s),
             ).fetchone():
                 return "duplicate"
-            if not self.limiter.allow(author, now):
+            if not self.limiter.allow(author, now if arrived is None else min(arrived, now)):
                 return "rate_limited"
             return None
 

@@ -39,7 +39,9 @@ class NetError(RuntimeError):
 
 @dataclass(frozen=True)
 class Received:
-    """One message from the swarm; ``author`` is the peer ID that signed it."""
+    """One message from the swarm; ``author`` is the peer ID that signed it, and
+    ``received_at`` when it reached this node, on the node's clock (the wall clock; an
+    experiment's transport stamps its own), however long it then waited in the inbox."""
 
     data: bytes
     author: str

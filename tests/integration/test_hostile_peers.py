@@ -216,8 +216,27 @@ def test_a_burst_of_ten_thousand_messages_from_one_author_is_rate_limited(node) 
     )
     counts = node.pool.counts()["peer-flood"]
     assert counts == {"accepted": accepted, "rate_limited": 10_000 - accepted}
+    # a bound on this node's work, not blame: the network process drops such messages
+    # without blame too
+    assert {v.outcome for v in verdicts if v.reason == "rate_limited"} == {"ignored"}
     # another peer is not held back by the flood
     assert node.receive(wire.encode(group(index=99)), "peer-quiet").outcome == "accepted"
+
+
+def test_an_author_at_its_full_rate_is_taken_in_whole_by_a_node_with_slow_rounds(node) -> None:
+    """A node takes in what came during a round once the round ends: an author that sent
+    at its full rate through a round longer than its burst lasts is within the rate when
+    measured at arrival, as the network process measured it, and is taken in whole."""
+    pool = node.config.pool
+    n = 3 * pool.burst_per_author
+    now = time.time()
+    arrived = [now - (n - i) / pool.rate_per_author for i in range(n)]  # the last one now
+    messages = [wire.encode(group(index=20_000 + i)) for i in range(n)]
+    verdicts = [node.receive(m, "peer-steady", at) for m, at in zip(messages, arrived, strict=True)]
+    assert [v.outcome for v in verdicts] == ["accepted"] * n
+    # the same round measured at the time it was taken in: only the burst would fit
+    late = [node.receive(wire.encode(group(index=30_000 + i)), "peer-late") for i in range(n)]
+    assert sum(v.outcome == "accepted" for v in late) <= pool.burst_per_author + 1
 
 
 def test_the_node_keeps_training_after_the_table(node) -> None:

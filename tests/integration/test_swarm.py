@@ -44,7 +44,7 @@ def _round(node: NodeProcess) -> int:
 def _logs(*nodes: NodeProcess) -> str:
     """Each node's swarm facts now, its last log lines other than rounds, then its last
     lines."""
-    return "\n".join(f"--- {n.name}: {n.net()}\n{n.tail(15, events=25)}" for n in nodes)
+    return "\n".join(f"--- {n.name}: {n.net()}\n{n.tail(4, events=30)}" for n in nodes)
 
 
 def test_a_late_joiner_trains_with_the_swarm_whose_middle_then_dies_and_rejoins(nodes) -> None:

@@ -103,6 +103,7 @@ def run(mode: str, deliver_s: float, cut_s: float, heal_s: float) -> dict[str, o
                 result["error"] = f"no mesh in 60 s: { {n: t.peers() for n, t in members.items()} }"
                 return result
             checks["crosses_before"] = reaches("b", ["c", "d"], deliver_s)
+            checks["peers_at_cut"] = {n: t.peers() for n, t in members.items()}
             cut_rules = []
             for where, other in ((None, "198.18.10.2"), ("right", "198.18.10.1")):
                 if mode == "down":
@@ -115,6 +116,7 @@ def run(mode: str, deliver_s: float, cut_s: float, heal_s: float) -> dict[str, o
             cut = time.monotonic()
             checks["left_half_while_cut"] = reaches("a", ["b"], deliver_s)
             checks["right_half_while_cut"] = reaches("d", ["c"], deliver_s)
+            checks["peers_while_cut"] = {n: t.peers() for n, t in members.items()}
             checks["nothing_crosses_while_cut"] = not reaches("b", ["c"], 3.0)
             time.sleep(max(0.0, cut_s - (time.monotonic() - cut)))
             if mode == "down":

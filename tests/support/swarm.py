@@ -152,10 +152,11 @@ class NodeProcess:
 
     def tail(self, n: int = 30, *, events: int = 0) -> str:
         """The last ``n`` lines of the log; with ``events``, the last ``events`` lines
-        other than rounds and checkpoints before them (the network's say in a long run)."""
+        other than rounds, checkpoints and the config before them (the network's say in a
+        long run)."""
         with contextlib.suppress(FileNotFoundError):
             lines = self.log.read_text(errors="replace").splitlines()
-            quiet = ('"event": "round"', '"event": "checkpoint saved"')
+            quiet = ('"event": "round"', '"event": "checkpoint saved"', '"event": "config"')
             said = [x for x in lines[:-n] if not any(q in x for q in quiet)][-events:]
             return "\n".join((said if events else []) + lines[-n:])
         return ""

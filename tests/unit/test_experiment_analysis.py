@@ -251,7 +251,7 @@ class _Sink:
 
 def test_lockstep_barrier_holds_parks_and_restores(tmp_path) -> None:
     sink = _Sink()
-    t = Deferred(sink)
+    t = Deferred(sink, lambda: 7.0)
     t.round = 0
     t.publish(b"a")
     t.round = 1
@@ -264,10 +264,11 @@ def test_lockstep_barrier_holds_parks_and_restores(tmp_path) -> None:
 
     sink._arrive(Received(b"in", "peer"))
     t.park(tmp_path / "p.json")
-    again = Deferred(_Sink())
+    again = Deferred(_Sink(), lambda: 7.0)
     again.unpark(tmp_path / "p.json")
     assert not (tmp_path / "p.json").exists()
-    assert [m.data for m in again.received()] == [b"in"]
+    # what it delivers arrives on the experiment's clock, when the node takes it in
+    assert [(m.data, m.received_at) for m in again.received()] == [(b"in", 7.0)]
     again.flush(1)
     assert again.inner.sent == [b"c"]
 

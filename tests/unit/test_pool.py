@@ -168,6 +168,25 @@ def test_rate_limit_allows_a_burst_then_refills_with_the_clock() -> None:
     assert [pool.check("a", next(digests)) for _ in range(4)] == [None] * 3 + ["rate_limited"]
 
 
+def test_rate_limit_is_measured_when_groups_arrived_not_when_they_are_checked() -> None:
+    clock = Clock()
+    pool = make_pool(clock=clock, rate_per_author=1.0, burst_per_author=3)
+    digests = iter(bytes([i]) * 32 for i in range(100))
+    clock.advance(100.0)
+    # one a second for 20 s, all checked at the end: within the rate
+    arrived = [T0 + 80.0 + t for t in range(20)]
+    assert [pool.check("a", next(digests), arrived=at) for at in arrived] == [None] * 20
+    # four at once, a second later: the bucket holds three
+    assert [pool.check("a", next(digests), arrived=T0 + 100.0) for _ in range(4)] == [None] * 3 + [
+        "rate_limited"
+    ]
+    # an arrival "in the future" counts as now
+    assert pool.check("a", next(digests), arrived=T0 + 500.0) == "rate_limited"
+    # checked at the same moment, the same 20 arrivals would not have fitted
+    late = make_pool(clock=clock, rate_per_author=1.0, burst_per_author=3)
+    assert [late.check("a", next(digests)) for _ in range(20)].count(None) == 3
+
+
 # --- duplicates and age ----------------------------------------------------------------------
 
 
