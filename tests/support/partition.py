@@ -99,7 +99,10 @@ def run(mode: str, deliver_s: float, cut_s: float, heal_s: float) -> dict[str, o
             start("b", None, "/ip4/198.18.10.1/tcp/4002", boot)
             start("c", "right", "/ip4/198.18.10.2/tcp/4001", boot)
             start("d", "right", "/ip4/198.18.10.2/tcp/4002", boot)
-            if not wait_for(lambda: all(t.peers() >= 2 for t in members.values()), 60):
+            # Every member a peer of every other before the cut: what each half keeps is
+            # then what it had. (When each has two peers, c and d may not know of each
+            # other yet, and cannot learn of it while a is out of reach.)
+            if not wait_for(lambda: all(t.peers() >= 3 for t in members.values()), 60):
                 result["error"] = f"no mesh in 60 s: { {n: t.peers() for n, t in members.items()} }"
                 return result
             checks["crosses_before"] = reaches("b", ["c", "d"], deliver_s)
