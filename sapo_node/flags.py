@@ -86,7 +86,14 @@ def node_options(
         int | None, typer.Option(min=0, help="Stop after N rounds in total (0: until stopped).")
     ] = None,
     local: Annotated[int | None, typer.Option(min=0, help="I: own tasks per round.")] = None,
-    external: Annotated[int | None, typer.Option(min=0, help="J: peers' groups per round.")] = None,
+    external: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="J: peers' groups per round (0: none); chosen each round up to "
+            "train.external_max unless train.external_by is fixed.",
+        ),
+    ] = None,
     device: Annotated[
         Device | None, typer.Option(help="Compute device; auto picks CUDA, then MPS, then CPU.")
     ] = None,

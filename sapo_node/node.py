@@ -201,7 +201,7 @@ class Node:
             with timer("intake"):
                 inbound = self._take_in()
             rate, what = self.mix.own_rate(s.external_by)
-            j, why = choose_external(s.external_groups, s.external_max, rate, len(self.pool), what)
+            j, why = choose_external(s.external_groups, s.j_bound(), rate, len(self.pool), what)
             external = self._take_external(r, j) if self.trains else []
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
@@ -257,7 +257,7 @@ class Node:
                 "train/own_format_rate": self.mix.format_rate,
             }
         )
-        if s.external_max is not None:
+        if s.j_bound() is not None:
             log.info("J chosen", round=r, j=j, reason=why)
         record.update({f"defence/{k}": v for k, v in sorted(screened.items())})
         record.update(age_record(theirs, r, self.pool.clock()))
@@ -402,7 +402,7 @@ class Node:
         for (author, reason), n in self.transport.refusals().items():
             self.pool.record(author, reason, n)  # refused by the network process: per peer
         t = self.config.train
-        takes = self.trains and (t.external_groups > 0 or bool(t.external_max))
+        takes = self.trains and t.external_groups > 0
         if not takes:  # it takes nothing from the pool: no need to check, nor keep
             outcomes["unread"] = len(self.transport.received())
             return outcomes

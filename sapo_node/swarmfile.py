@@ -72,6 +72,7 @@ RECOMMENDABLE: frozenset[tuple[str, ...]] = frozenset(
         ("train", "local_groups"),
         ("train", "external_groups"),
         ("train", "external_max"),
+        ("train", "external_by"),
         ("train", "optimizer"),
         ("train", "lr"),
         ("train", "weight_decay"),

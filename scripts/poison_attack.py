@@ -130,7 +130,8 @@ def node_configs(args: argparse.Namespace) -> list[Config]:
     local, external = (int(x) for x in args.ratio.split("/"))
     base: dict[str, Any] = spec.get("base", {})
     overrides: dict[str, Any] = {
-        "train": {"local_groups": local, "external_groups": external},
+        # J fixed at --ratio, as an experiment's plain arm (--set train.external_by=... to not)
+        "train": {"local_groups": local, "external_groups": external, "external_by": "fixed"},
         "curriculum": {"enabled": False},
         "net": {"enabled": False, "publish": "all"},
         "eval": {**spec.get("eval", {}), "every": 0},

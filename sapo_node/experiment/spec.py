@@ -257,11 +257,9 @@ def node_config(spec: ExperimentSpec, a: Arm, index: int, out: Path) -> Config:
             "checkpoint_every": e.checkpoint_every,
             "threads": e.threads,
         },
-        "train": {
-            "local_groups": a.local,
-            "external_groups": a.external,
-            "external_max": bound,
-        },
+        # J fixed at the arm's ratio, unless the arm makes it adaptive
+        "train": {"local_groups": a.local, "external_groups": a.external}
+        | ({"external_by": "fixed"} if bound is None else {"external_max": bound}),
         "curriculum": {"enabled": False},
         "net": {"enabled": False},
         "eval": {**spec.eval.model_dump(), "every": 0},  # the experiment runs the evals

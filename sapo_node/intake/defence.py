@@ -509,8 +509,9 @@ class Defence:
         """Check 3 on the completions still pending; returns their ranks by (id(group),
         completion) when ``teach_first_choices`` needs them, the check on or off."""
         s = self.settings
+        first_choices = s.teach_first_choices and s.answer_only  # it widens answer_only
         todo = [(g, i) for g, idx in pending for i in idx]
-        if not (s.rank_check or s.teach_first_choices) or not todo:
+        if not (s.rank_check or first_choices) or not todo:
             return {}
         samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in todo]
         found: dict[tuple[int, int], list[int]] = {}
@@ -522,7 +523,7 @@ class Defence:
             bits = [b for k, b in enumerate(rank_bits(ranks)) if k not in skip]
             if highest_window(bits, s.rank_window) > s.max_rank_bits:
                 verdicts[id(g)][i] = IMPLAUSIBLE
-        return found if s.teach_first_choices else {}
+        return found if first_choices else {}
 
     def _format_tokens(self, ids: Sequence[int]) -> set[int]:
         found = self.spans(ids) if self.spans is not None else None

@@ -3,9 +3,10 @@ families this node needs most. Pure functions and one small state that a checkpo
 
 SAPO fixes I (own groups) and J (peers' groups) by hand, and the best ratio depended on
 the swarm: the paper's 4/4 nearly doubled a lone node's reward, its 2/6 learned then
-forgot. With ``train.external_max`` set, J is chosen each round between 0 and it, I + J
-staying ``local_groups + external_groups``, from one thing this node observes for free
-about its own recent rounds (``train.external_by``):
+forgot. Here J is chosen each round between 0 and ``TrainSection.j_bound()`` (3 at the
+default I + J = 4), I + J staying ``local_groups + external_groups``, from one thing this
+node observes for free about its own recent rounds (``train.external_by``; ``fixed``
+keeps J at ``external_groups``):
 
 - ``signal``: the share of its own groups that had signal (rewards that differ; a group
   whose completions all scored alike gives GRPO nothing). A node whose own groups mostly
@@ -20,10 +21,12 @@ about its own recent rounds (``train.external_by``):
 A node alone, or with nothing pooled, takes nothing and makes I + J groups of its own: the
 same round as J = 0.
 
-Measured (docs/results/teaching-cpu/, pre-registered): with ``answer_only`` on, adaptive J
-by signal did no better than nodes alone, and leaned worse: its premise, that the swarm
+Measured, pre-registered: with ``answer_only`` on, adaptive J by signal did no better than
+nodes alone, and leaned worse (docs/results/teaching-cpu/): its premise, that the swarm
 teaches most when own groups lack signal, fails when a peer's group teaches only its
-answer. So it stays off by default.
+answer. By format, with ``teach_first_choices`` and 2 completions of each peer's group,
+it beat both nodes alone and a fixed 2/2 (docs/results/families-confirm-cpu/): the
+default.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ def choose_external(
 ) -> tuple[int, str]:
     """J for this round, and why: the more of ``most`` the lower ``own_rate``.
 
-    ``configured``: ``train.external_groups``; ``most``: ``train.external_max`` (None: J
-    is fixed); ``own_rate``: the moving share of own groups with signal, or of own
+    ``configured``: ``train.external_groups``; ``most``: ``TrainSection.j_bound()`` (None:
+    J is fixed); ``own_rate``: the moving share of own groups with signal, or of own
     completions in the answer format (``train.external_by``; None before the first round),
     named by ``what`` in the reason; ``pooled``: groups waiting in the pool.
 

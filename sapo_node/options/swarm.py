@@ -93,10 +93,11 @@ class DefenceSection(_Section):
         "ask for a direct answer, as the default one does.",
     )
     teach_first_choices: bool = Field(
-        False,
+        True,
         description="With answer_only, also teach each token of a checked peer completion's "
         "other text that is this node's own first choice there (rank 0 under its policy): "
-        "a peer's reasoning, as far as this node would write it itself.",
+        "a peer's reasoning, as far as this node would write it itself (measured: "
+        "docs/results/families-confirm-cpu/). Nothing to widen with answer_only off.",
     )
     rank_check: bool = Field(
         True, description="Refuse completions holding text this node's own policy would not write."
@@ -136,7 +137,10 @@ class DefenceSection(_Section):
 
     @model_validator(mode="after")
     def _first_choices(self) -> DefenceSection:
-        if self.teach_first_choices and not self.answer_only:
+        # Said only when set by hand: by default it widens answer_only, and with
+        # answer_only off (every token teaches) there is nothing left to widen.
+        set_here = "teach_first_choices" in self.model_fields_set
+        if self.teach_first_choices and not self.answer_only and set_here:
             raise ValueError(
                 "defence.teach_first_choices widens what answer_only teaches, and "
                 "defence.answer_only is off (every token of a peer's completion teaches): "

@@ -299,25 +299,30 @@ class TrainSection(_Section):
     )
     local_groups: int = Field(2, ge=0, le=4096, description="I: own tasks per round.")
     external_groups: int = Field(
-        2, ge=0, le=4096, description="J: peers' groups per round (filled with own if short)."
+        2,
+        ge=0,
+        le=4096,
+        description="J: peers' groups per round (filled with own if short); with it, "
+        "local_groups + external_groups is a round's size when external_by chooses J. 0: "
+        "none, ever.",
     )
     external_max: int | None = Field(
         None,
         ge=0,
         le=4096,
-        description="Unset: J is external_groups every round. A number: J is chosen each "
-        "round between 0 and it, I + J staying local_groups + external_groups, from the "
-        "moving share of this node's own groups with signal: fewer with signal, more from "
-        "the swarm (sapo_node/intake/demand.py). A node alone takes none, as with J = 0. "
-        "Measured: no gain over a fixed J (docs/results/teaching-cpu/).",
+        description="The most peers' groups a round takes when external_by chooses J (I + J "
+        "staying local_groups + external_groups). Unset: one fewer than I + J under "
+        "format (3 of the default 2 + 2), I + J under signal.",
     )
-    external_by: Literal["signal", "format"] = Field(
-        "signal",
-        description="What chooses J when external_max is set: J = external_max x (1 - a "
-        "moving rate of this node's own rounds). signal: the share of own groups with "
-        "signal. format: the share of own completions with an answer between the tags, so "
-        "that a node takes peers' groups while it learns the answer format and trains on "
-        "its own once it has it.",
+    external_by: Literal["format", "signal", "fixed"] = Field(
+        "format",
+        description="What chooses J each round: J = external_max x (1 - a moving rate of this "
+        "node's own rounds). format: the share of own completions with an answer between "
+        "the tags, so that a node takes peers' groups while it learns the answer format and "
+        "trains on its own once it has it (measured: docs/results/families-confirm-cpu/). "
+        "signal: the share of own groups with signal (measured: no gain over a fixed J, "
+        "docs/results/teaching-cpu/). fixed: J is external_groups every round. With "
+        "external_groups = 0 a node takes none, whatever this says. A node alone takes none.",
     )
     external_use: Literal["text", "answers", "tasks"] = Field(
         "text",
@@ -330,7 +335,7 @@ class TrainSection(_Section):
         "swarm can do), so it trains only text it wrote (docs/experiment.md).",
     )
     external_completions: int = Field(
-        0,
+        2,
         ge=0,
         le=4096,
         description="0: every completion of a peer's group trains. k: at most k of them, "
@@ -398,6 +403,17 @@ class TrainSection(_Section):
         "std", description="Divide group advantages by the group's std (std) or not (none)."
     )
 
+    def j_bound(self) -> int | None:
+        """The most J a round may take when its own rounds choose it (demand.py); None
+        when J is external_groups every round (external_by = "fixed", or J = 0: a node
+        that takes nothing from peers)."""
+        total = self.local_groups + self.external_groups
+        if self.external_by == "fixed" or self.external_groups == 0:
+            return None
+        if self.external_max is not None:
+            return self.external_max
+        return total - 1 if self.external_by == "format" and total > 1 else total
+
     def unchecked_tokens(self, lora: bool) -> int:
         """``checkpoint_above_tokens``, its default resolved for full fine-tuning or LoRA."""
         if self.checkpoint_above_tokens is not None:
@@ -408,23 +424,26 @@ class TrainSection(_Section):
     def _checks(self) -> TrainSection:
         if self.local_groups + self.external_groups < 1:
             raise ValueError("local_groups + external_groups must be at least 1")
-        if self.external_max is not None and (
-            self.external_max > self.local_groups + self.external_groups
-        ):
-            raise ValueError(
-                f"external_max ({self.external_max}) must be at most local_groups + "
-                f"external_groups ({self.local_groups + self.external_groups}): J is part "
-                "of a round's I + J"
-            )
+        total, bound = self.local_groups + self.external_groups, self.j_bound()
         if (
-            self.external_by == "format"
-            and self.external_max is not None
-            and self.external_max >= self.local_groups + self.external_groups
+            self.external_max is not None
+            and self.external_groups == 0
+            and (self.external_by != "fixed")
         ):
             raise ValueError(
-                f"external_by = 'format' needs external_max ({self.external_max}) below "
-                f"local_groups + external_groups ({self.local_groups + self.external_groups}):"
-                " a round with no own group shows no answer format, and J would stay put"
+                "external_max needs external_groups above 0: with J = 0 a node takes "
+                "nothing from peers (or set external_by = 'fixed')"
+            )
+        if bound is not None and bound > total:
+            raise ValueError(
+                f"external_max ({bound}) must be at most local_groups + external_groups "
+                f"({total}): J is part of a round's I + J (or set external_by = 'fixed')"
+            )
+        if self.external_by == "format" and bound is not None and bound >= total and total > 1:
+            raise ValueError(
+                f"external_by = 'format' needs external_max ({bound}) below local_groups + "
+                f"external_groups ({total}): a round with no own group shows no answer "
+                "format, and J would stay put (or set external_by = 'fixed')"
             )
         if self.external_completions == 1:
             raise ValueError(

@@ -165,14 +165,17 @@ def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) ->
     spec = ExperimentSpec.model_validate({"experiment": {"sampling": ["uniform"]}})
     assert [a.dirname for a in arms(spec)][-1] == "2-2-uniform"
     spec = ExperimentSpec.model_validate(
-        {"experiment": {"sampling": ["teaching"], "adaptive": [3, 4], "adaptive_ratio": "3/1"}}
+        {
+            "experiment": {"sampling": ["teaching"], "adaptive": [3, 4], "adaptive_ratio": "3/1"},
+            "base": {"train": {"external_by": "signal"}},  # by format, J stays below I + J
+        }
     )
     adaptive = arms(spec)[-2:]
     assert [a.label for a in adaptive] == ["3/1 adaptive 3", "3/1 adaptive 4"]
     assert [a.dirname for a in adaptive] == ["3-1-adaptive-3", "3-1-adaptive-4"]
     train = node_config(spec, adaptive[1], 0, tmp_path).train
-    assert (train.local_groups, train.external_groups, train.external_max) == (3, 1, 4)
-    assert node_config(spec, arms(spec)[0], 0, tmp_path).train.external_max is None
+    assert (train.local_groups, train.external_groups, train.j_bound()) == (3, 1, 4)
+    assert node_config(spec, arms(spec)[0], 0, tmp_path).train.j_bound() is None  # fixed
     with pytest.raises(ConfigError, match="adaptive bounds"):
         load_spec(good, {"experiment": {"adaptive": [5]}})  # more than I + J = 4
     # A variant's own adaptive J reaches its nodes (it was once overwritten by the
@@ -183,7 +186,7 @@ def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) ->
     train = node_config(spec, variant, 0, tmp_path).train
     assert (train.local_groups, train.external_groups, train.external_max) == (2, 2, 3)
     assert train.external_by == "format"
-    assert node_config(spec, arms(spec)[0], 0, tmp_path).train.external_max is None
+    assert node_config(spec, arms(spec)[0], 0, tmp_path).train.j_bound() is None
     with pytest.raises(ConfigError, match="its ratio sets I and J"):
         bad = {"ratio": "2/2", "set": {"train": {"local_groups": 3}}}
         load_spec(good, {"experiment": {"variants": {"2/2 more": bad}}})

@@ -54,7 +54,9 @@ def _rounds(node: Node, n: int) -> list[dict]:
 def test_a_lone_node_with_adaptive_j_runs_the_rounds_of_j_0(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    adaptive = _node(tiny_model_dir, tmp_path / "adaptive", 2, 2, external_max=4)
+    adaptive = _node(
+        tiny_model_dir, tmp_path / "adaptive", 2, 2, external_by="signal", external_max=4
+    )
     fixed = _node(tiny_model_dir, tmp_path / "fixed", 4, 0)
     torch.manual_seed(0)
     a = _rounds(adaptive, 3)

@@ -286,7 +286,8 @@ def _paper_node(model_dir: Path, data_dir: Path, max_author_share: float) -> Nod
         data_dir,
         node={"seed": 5},
         generation={"max_new_tokens": 8, "completions_per_task": 8},
-        train={"lr": 1e-2, "local_groups": 2, "external_groups": 2},
+        # J fixed at 2: what is left unfilled is the draw's doing, not J's choice
+        train={"lr": 1e-2, "local_groups": 2, "external_groups": 2, "external_by": "fixed"},
         pool={"sampling": "paper"},  # only groups with signal are drawn
         defence={"enabled": True, "max_author_share": max_author_share},
     )

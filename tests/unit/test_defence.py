@@ -453,7 +453,12 @@ def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) 
     texts += ["8 is it\n<answer>8</answer>", "no answer at all"]  # below the mean
     rewards = [1.0] * (len(texts) - 2) + [0.0, 0.0]
     own = _own(policy, prompt)
-    d = Defence(DefenceSection(), _first_choices, Counts(), spans=policy.token_spans)
+    d = Defence(
+        DefenceSection(teach_first_choices=False),
+        _first_choices,
+        Counts(),
+        spans=policy.token_spans,
+    )
     (kept,), screened = d.screen(own, [_group(policy, prompt, texts, rewards)])
     assert screened == {CHECKED: len(texts) - 2}  # the payloads pass checks 1-3
     assert kept.texts == texts and kept.taught is not None

@@ -85,3 +85,34 @@ def test_j_by_format_must_leave_an_own_group_to_measure() -> None:
         overrides={"train": {**train, "external_by": "signal", "external_max": 4}}, environ={}
     )
     assert signal.train.external_max == 4
+
+
+def test_the_default_j_is_chosen_by_format_up_to_one_below_i_plus_j() -> None:
+    """The defaults (docs/results/families-confirm-cpu/): J by the answer format, up to 3
+    of 2 + 2; the bound follows I + J when unset, J = 0 takes nothing whatever the rule,
+    and "fixed" keeps J at external_groups."""
+
+    def train(**t):
+        return load_config(overrides={"train": t}, environ={}).train
+
+    assert (train().external_by, train().j_bound()) == ("format", 3)
+    assert train(local_groups=4, external_groups=4).j_bound() == 7
+    assert train(local_groups=1, external_groups=1).j_bound() == 1
+    assert train(external_by="signal").j_bound() == 4
+    assert train(external_by="fixed").j_bound() is None
+    assert train(local_groups=4, external_groups=0).j_bound() is None  # --external 0: alone
+    with pytest.raises(ValueError, match="needs external_groups above 0"):
+        train(local_groups=4, external_groups=0, external_max=2)
+    with pytest.raises(ValueError, match="external_by = 'fixed'"):
+        train(local_groups=1, external_groups=1, external_max=3)
+    assert train(local_groups=1, external_groups=1, external_max=3, external_by="fixed")
+
+
+def test_first_choices_by_default_are_moot_without_answer_only_and_refused_if_set() -> None:
+    off = load_config(overrides={"defence": {"answer_only": False}}, environ={}).defence
+    assert off.teach_first_choices and not off.answer_only  # every token teaches anyway
+    with pytest.raises(ValueError, match="teach_first_choices widens what answer_only"):
+        load_config(
+            overrides={"defence": {"answer_only": False, "teach_first_choices": True}},
+            environ={},
+        )
