@@ -6,7 +6,8 @@ PYTHON ?= python3
 ARGS   ?=
 # Two workers (the cores here); worksteal: a worker that runs out takes tests queued for
 # the other, so no worker idles while the other ends a queue of node tests (development.md).
-PYTEST_ARGS ?= -m "not slow and not gpu" -n 2 --dist worksteal
+# The 15 slowest tests are listed at the end, so a CI log shows where the time went.
+PYTEST_ARGS ?= -m "not slow and not gpu" -n 2 --dist worksteal --durations=15
 STAMP  := $(VENV)/.installed
 
 .PHONY: start test test-slow test-all lint bench clean-venv

@@ -63,9 +63,7 @@ def evaluate_start(spec, out: Path, seed: int, tasks: int) -> None:
         return
     config = node_config(spec, arms(spec)[0], 0, out)
     empty = out / "start-eval" / "untrained"  # a data dir with no checkpoint
-    config = config.model_copy(
-        update={"node": config.node.model_copy(update={"data_dir": empty})}
-    )
+    config = config.model_copy(update={"node": config.node.model_copy(update={"data_dir": empty})})
     report, what = evaluate_checkpoint(config)
     _write(path, report, what)
     print(f"start: greedy {report.metrics()['eval/greedy']:.4f} ({report.seconds:.0f} s)")

@@ -428,7 +428,7 @@ class TrainSection(_Section):
         if (
             self.external_max is not None
             and self.external_groups == 0
-            and (self.external_by != "fixed")
+            and self.external_by != "fixed"
         ):
             raise ValueError(
                 "external_max needs external_groups above 0: with J = 0 a node takes "
