@@ -112,7 +112,7 @@ def _indices(text: str | None, n: int) -> range:
     return range(int(first), int(last or first) + 1)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("spec", type=Path)
     parser.add_argument("out", type=Path)
@@ -124,7 +124,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=1)
     parser.add_argument("--nodes", help="node indices, e.g. 0-3 (default: all)")
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     eval_ = {"seed": args.eval_seed, "tasks": args.tasks, "samples": args.samples}
     spec = load_spec(args.spec, {"eval": eval_, "experiment": {"threads": args.threads}})
     n = spec.experiment.nodes * spec.experiment.replicates
