@@ -81,3 +81,16 @@ families = [{{ name = "tests.support.families:Sevens" }}]
     assert [f.stat().st_mtime_ns for f in files] == stamps
     with pytest.raises(SystemExit, match="no checkpoint of round 1"):
         recheck.main([str(spec_file), str(tmp_path / "elsewhere"), "--arm", "1/1", *set1])
+
+
+def test_the_committed_recheck_of_families_confirm_is_reproduced_from_its_files(capsys) -> None:
+    run = ROOT / "docs" / "results" / "families-confirm-cpu"
+    spec = ROOT / "configs" / "experiments" / "families-confirm-cpu.toml"
+    committed = json.loads((run / "heldout-recheck" / "results.json").read_text())
+    for pair, figures in committed.items():
+        treatment, baseline = pair.split(" vs ")
+        args = ("--compare", treatment, baseline, "--eval-seed", "1", "--tasks", "1024")
+        assert _script(capsys, spec, run, *args) == figures
+    # heldout-recheck/README.md: the endpoint, no detectable difference
+    endpoint = committed["2/2 format first choices k2 vs 4/0"]
+    assert endpoint["greedy_end"] == [0.5288, 0.5165] and endpoint["p"] == 0.4297
