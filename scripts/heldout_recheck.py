@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sapo_node.atomic import write_text_atomic  # noqa: E402
 from sapo_node.evaluate import evaluate_checkpoint  # noqa: E402
+from sapo_node.experiment import _share_model_cache  # noqa: E402
 from sapo_node.experiment.significance import sign_flip_p  # noqa: E402
 from sapo_node.experiment.spec import arm, arms, load_spec, node_config  # noqa: E402
 
@@ -63,6 +64,8 @@ def evaluate_start(spec, out: Path, seed: int, tasks: int) -> None:
         return
     config = node_config(spec, arms(spec)[0], 0, out)
     empty = out / "start-eval" / "untrained"  # a data dir with no checkpoint
+    empty.mkdir(parents=True, exist_ok=True)
+    _share_model_cache(out, empty)  # the experiment's de-quantised copy, not another
     config = config.model_copy(update={"node": config.node.model_copy(update={"data_dir": empty})})
     report, what = evaluate_checkpoint(config)
     _write(path, report, what)

@@ -66,6 +66,8 @@ families = [{{ name = "tests.support.families:Sevens" }}]
     assert all("round 1" in r["evaluated"] for r in rows)  # the last round's checkpoint
     untrained = json.loads((out / "start-eval" / "heldout-seed1-3.json").read_text())
     assert "untrained" in untrained["evaluated"]
+    cache = out / "start-eval" / "untrained" / "models"  # the experiment's model copy, shared
+    assert cache.is_symlink() and cache.resolve() == (out / ".models").resolve()
     assert result["held_out"] == {"seed": 1, "tasks": 3, "samples": 1}
     assert result["greedy_by_node"] == [
         [r["eval/greedy"] for r in rows[:2]],
