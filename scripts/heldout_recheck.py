@@ -12,7 +12,8 @@ mean difference.
     python scripts/heldout_recheck.py SPEC OUT --compare "2/2 ..." 4/0 --eval-seed 1 --tasks 1024
 
 Each node's result goes to OUT/<arm>/node-<i>/heldout-seed<S>-<tasks>.json (a node
-already there is skipped, so runs resume and can be split by --nodes); ``--start``
+already there is skipped, so runs resume and can be split by --nodes; one made with
+other --samples is an error); ``--start``
 evaluates the untrained model once, into OUT/start-eval/. ``--compare`` reads them and
 prints one JSON object.
 """
@@ -37,12 +38,22 @@ def result_path(out: Path, dirname: str, index: int, seed: int, tasks: int) -> P
     return out / dirname / f"node-{index}" / f"heldout-seed{seed}-{tasks}.json"
 
 
+def done(path: Path, samples: int) -> bool:
+    """Whether ``path`` holds this evaluation already (a different one there: an error)."""
+    if not path.exists():
+        return False
+    there = json.loads(path.read_text())["eval/samples"]
+    if there != samples:
+        raise SystemExit(f"{path} was evaluated with --samples {there}: move it to use {samples}")
+    return True
+
+
 def evaluate_nodes(spec, out: Path, label: str, indices, seed: int, tasks: int) -> None:
     a = arm(spec, label)
     rounds = spec.experiment.rounds
     for i in indices:
         path = result_path(out, a.dirname, i, seed, tasks)
-        if path.exists():
+        if done(path, spec.eval.samples):
             continue
         config = node_config(spec, a, i, out)
         checkpoint = config.node.resolved_data_dir() / "checkpoints" / f"round-{rounds:06d}"
@@ -60,7 +71,7 @@ def evaluate_nodes(spec, out: Path, label: str, indices, seed: int, tasks: int) 
 def evaluate_start(spec, out: Path, seed: int, tasks: int) -> None:
     """The untrained model (every node's start: same weights, same eval RNG)."""
     path = out / "start-eval" / f"heldout-seed{seed}-{tasks}.json"
-    if path.exists():
+    if done(path, spec.eval.samples):
         return
     config = node_config(spec, arms(spec)[0], 0, out)
     empty = out / "start-eval" / "untrained"  # a data dir with no checkpoint
