@@ -13,9 +13,8 @@ mean difference.
 
 Each node's result goes to OUT/<arm>/node-<i>/heldout-seed<S>-<tasks>.json (a node
 already there is skipped, so runs resume and can be split by --nodes; one made with
-other --samples is an error); ``--start``
-evaluates the untrained model once, into OUT/start-eval/. ``--compare`` reads them and
-prints one JSON object.
+other --samples is an error); ``--start`` evaluates the untrained model once, into
+OUT/start-eval/. ``--compare`` reads them and prints one JSON object.
 """
 
 from __future__ import annotations
