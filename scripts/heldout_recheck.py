@@ -41,7 +41,7 @@ def done(path: Path, samples: int) -> bool:
     """Whether ``path`` holds this evaluation already (a different one there: an error)."""
     if not path.exists():
         return False
-    there = json.loads(path.read_text())["eval/samples"]
+    there = _read(path)["eval/samples"]
     if there != samples:
         raise SystemExit(f"{path} was evaluated with --samples {there}: move it to use {samples}")
     return True
@@ -91,10 +91,7 @@ def compare(spec, out: Path, treatment: str, baseline: str, seed: int, tasks: in
     per_swarm = spec.experiment.nodes
     n = per_swarm * spec.experiment.replicates
     t, b = arm(spec, treatment), arm(spec, baseline)
-    read = [
-        [json.loads(result_path(out, a.dirname, i, seed, tasks).read_text()) for i in range(n)]
-        for a in (t, b)
-    ]
+    read = [[_read(result_path(out, a.dirname, i, seed, tasks)) for i in range(n)] for a in (t, b)]
     greedy = [[r["eval/greedy"] for r in rows] for rows in read]
     diffs = [x - y for x, y in zip(*greedy, strict=True)]
     families = sorted(k.split("/")[-1] for k in read[0][0] if k.startswith("eval/greedy/"))
@@ -116,6 +113,15 @@ def compare(spec, out: Path, treatment: str, baseline: str, seed: int, tasks: in
         },
         "greedy_by_node": [[round(x, 4) for x in g] for g in greedy],
     }
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"{path}: not evaluated yet (--arm with the same set first)") from None
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{path}: unreadable ({exc}); remove it and evaluate again") from None
 
 
 def _indices(text: str | None, n: int) -> range:

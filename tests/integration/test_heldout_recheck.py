@@ -83,6 +83,10 @@ families = [{{ name = "tests.support.families:Sevens" }}]
     assert [f.stat().st_mtime_ns for f in files] == stamps
     with pytest.raises(SystemExit, match="evaluated with --samples 1"):
         recheck.main([str(spec_file), str(out), "--arm", "1/1", *set1[:4], "--samples", "2"])
+    with pytest.raises(SystemExit, match="not evaluated yet"):
+        recheck.main(
+            [str(spec_file), str(out), *set1[:2], "--tasks", "5", "--compare", "1/1", "2/0"]
+        )
     with pytest.raises(SystemExit, match="no checkpoint of round 1"):
         recheck.main([str(spec_file), str(tmp_path / "elsewhere"), "--arm", "1/1", *set1])
 
