@@ -218,3 +218,36 @@ def test_the_intakes_refusals_are_read_while_the_round_thread_adds_more() -> Non
         f"peer-{n - 1:09d}",
         f"peer-{n - 2:09d}",
     ]
+
+
+def test_a_node_that_fails_to_build_frees_its_status_port(tmp_path: Path) -> None:
+    """The status endpoint binds its port before the model loads (a busy port is found at
+    once); when the model then fails to load, the port is let go with the error."""
+    import threading
+
+    from sapo_node.config import Config
+    from sapo_node.ops.lifecycle import NodeFailed, hold_data_dir, run_node
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    cfg = Config.model_validate(
+        {
+            "node": {"data_dir": str(tmp_path / "data")},
+            "model": {"name": str(empty)},
+            "net": {"enabled": False},
+            "status": {"enabled": True, "listen": f"127.0.0.1:{port}"},
+        }
+    )
+    assert cfg.status.listen == f"127.0.0.1:{port}"
+    # The error is held, as a caller that reports it holds it (with its traceback, and
+    # so run_node's frame): the port must not wait for the garbage collector.
+    with pytest.raises(NodeFailed, match="not a model directory") as failed:
+        run_node(cfg, threading.Event())
+    with socket.socket() as probe:  # nobody listens there any more
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+    StatusServer(f"127.0.0.1:{port}").close()  # and the port can be taken again
+    hold_data_dir(tmp_path / "data").close()  # as the data directory can
+    assert failed.traceback
