@@ -40,6 +40,7 @@ class Receiver(PubsubBehaviour):
         self.topic, self.topics, self.home = TOPIC, [TOPIC], TOPIC
         self.topics_before: list[str] = []
         self.out = out
+        self.backoff: dict = {}  # the discovery behaviour's redial delays, which a ban clears
         self.validated: list[bytes] = []  # seqnos of the messages the validator saw
         self._init_pubsub({"mesh_degree": 6, "rate_per_author": 100.0, "burst_per_author": 100})
 
@@ -197,5 +198,10 @@ def test_the_librarys_push_path_checks_the_signature_before_the_topic_list() -> 
             await node.pubsub.push_msg(author.id, signed(author, seqno(4), [TOPIC] * 2, data))
             assert node.invalid(author.id) == 1.0
             assert node.validated == [seqno(2)]
+            # a forger that goes on is banned; the author it named is not
+            for n in range(5, 10):
+                await node.pubsub.push_msg(forger.id, forged(author.id, seqno(n), [TOPIC], data))
+            assert node._ban_low_scores() == [forger.id]
+            assert author.id not in node.banned
 
     trio.run(main)
