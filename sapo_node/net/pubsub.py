@@ -184,11 +184,12 @@ class SwarmPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Messages refused through no fault of whoever relays them (another version, the
-        # author over its rate), by ``signed_digest``, and only once their signature is
-        # checked: further copies are dropped unchecked and at no cost, where the library
-        # would answer from its validation cache and charge each honest relay as for an
-        # invalid message.
-        self.excused: OrderedDict[bytes, None] = OrderedDict()
+        # author over its rate), only once their signature is checked: message id ->
+        # ``signed_digest``. Further copies (same digest) are dropped unchecked and at no
+        # cost, where the library would answer from its validation cache and charge each
+        # honest relay as for an invalid message. The id finds the entry cheaply; the
+        # digest, which no one but the author can match, decides.
+        self.excused: OrderedDict[bytes, bytes] = OrderedDict()
         # seqnos from nanoseconds, not seconds (docs/libp2p.md#sequence-numbers)
         self.counter = time.time_ns()
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
@@ -413,7 +414,8 @@ class SwarmPubsub(Pubsub):
         library checks it only after its own gates, and again): not its topic list, and
         not its id, which a forger could otherwise have excused ahead of the author's
         real message, and so silence the author."""
-        if signed_digest(msg) in self.excused:
+        excused = self.excused.get(self.get_message_id(msg))
+        if excused is not None and excused == signed_digest(msg):
             return
         scorer = self.router.scorer
         fresh = (
@@ -590,7 +592,7 @@ class PubsubBehaviour:
     def _forget_copies(self, msg: Any) -> None:
         """Later copies of ``msg``, whose signature is checked, are dropped unchecked and
         at no cost."""
-        self.pubsub.excused[signed_digest(msg)] = None
+        self.pubsub.excused[self.pubsub.get_message_id(msg)] = signed_digest(msg)
         while len(self.pubsub.excused) > EXCUSED_MEMORY:
             self.pubsub.excused.popitem(last=False)
 
