@@ -55,7 +55,7 @@ INBOUND_RPC_LIMIT = (
 EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (docs/libp2p.md#equivocation-memory)
 
 
-EXCUSED_MEMORY = 8192  # digests of messages refused through no sender's fault
+EXCUSED_MEMORY = 8192  # signed messages refused through no sender's fault (id, digest)
 
 
 BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
