@@ -25,6 +25,7 @@ from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
+from libp2p.pubsub.validators import signature_validator
 
 from sapo_node.intake import peerstate, wire
 from sapo_node.intake.pool import RateLimiter
@@ -54,7 +55,7 @@ INBOUND_RPC_LIMIT = (
 EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (docs/libp2p.md#equivocation-memory)
 
 
-EXCUSED_MEMORY = 8192  # ids of messages refused through no sender's fault
+EXCUSED_MEMORY = 8192  # signed messages refused through no sender's fault (id, digest)
 
 
 BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
@@ -70,6 +71,17 @@ SCORE_DECAY = 0.999  # per 1 s heartbeat, of invalid messages and behaviour pena
 # memory is bounded by the authors' rate limit times this. Content duplicates are the
 # pool's job, for its max_age_s.
 SEEN_TTL_S = 120
+
+
+def signed_digest(msg: Any) -> bytes:
+    """A digest of what an author signs of a message (its author, seqno, data and topic
+    list). Once the signature is checked, no one but the author can make another message
+    with this digest; the library's message id (author + seqno) anyone can claim."""
+    h = hashlib.sha256()
+    for part in (msg.from_id, msg.seqno, msg.data, *(t.encode() for t in msg.topicIDs)):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.digest()
 
 
 class SwarmScorer(PeerScorer):
@@ -171,11 +183,13 @@ class SwarmGossipSub(GossipSub):
 class SwarmPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Ids of messages refused through no fault of whoever relays them (another
-        # version, the author over its rate): further copies are dropped unchecked and at
-        # no cost, where the library would answer from its validation cache and charge
-        # each honest relay as for an invalid message.
-        self.excused: OrderedDict[bytes, None] = OrderedDict()
+        # Messages refused through no fault of whoever relays them (another version, the
+        # author over its rate), only once their signature is checked: message id ->
+        # ``signed_digest``. Further copies (same digest) are dropped unchecked and at no
+        # cost, where the library would answer from its validation cache and charge each
+        # honest relay as for an invalid message. The id finds the entry cheaply; the
+        # digest, which no one but the author can match, decides.
+        self.excused: OrderedDict[bytes, bytes] = OrderedDict()
         # seqnos from nanoseconds, not seconds (docs/libp2p.md#sequence-numbers)
         self.counter = time.time_ns()
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
@@ -183,8 +197,9 @@ class SwarmPubsub(Pubsub):
         # The network loop's own per-peer maps, forgotten with the library's state.
         self.own_peer_maps: list[dict[ID, Any]] = []
         self.on_forget: Any = None  # called with a peer just before it is forgotten
-        # called with (forwarder, message) before anything else: True if it refused the
-        # message for its topic list (Network._refuse_topics)
+        # called with (forwarder, message) once its signature is checked, before the
+        # library's checks: True if it refused the message for its topic list
+        # (PubsubBehaviour._refuse_topics)
         self.refuse_topics: Any = None
 
     # --- forgetting a peer -------------------------------------------------------------
@@ -393,8 +408,14 @@ class SwarmPubsub(Pubsub):
         The library drops, unvalidated and at no cost, messages from a peer whose score
         is below the publish threshold, so invalid messages alone could never take a
         peer down to the graylist and the ban. Here each such message costs as an
-        invalid one: a peer that goes on sending once refused is banned."""
-        if self.get_message_id(msg) in self.excused:
+        invalid one: a peer that goes on sending once refused is banned.
+
+        Nothing a message says is believed before its signature is checked here (the
+        library checks it only after its own gates, and again): not its topic list, and
+        not its id, which a forger could otherwise have excused ahead of the author's
+        real message, and so silence the author."""
+        excused = self.excused.get(self.get_message_id(msg))
+        if excused is not None and excused == signed_digest(msg):
             return
         scorer = self.router.scorer
         fresh = (
@@ -402,6 +423,8 @@ class SwarmPubsub(Pubsub):
             and not self.is_peer_blacklisted(ID(msg.from_id))
             and not self._is_msg_seen(msg)
         )
+        if fresh and not self._signed(msg_forwarder, msg):
+            return
         if fresh and self.refuse_topics is not None and self.refuse_topics(msg_forwarder, msg):
             return
         if (
@@ -420,6 +443,25 @@ class SwarmPubsub(Pubsub):
             log.warning("bad pubsub message", peer=str(msg_forwarder), error=repr(exc)[:200])
             if scorer is not None:
                 scorer.charge(msg_forwarder, msg.topicIDs[0] if msg.topicIDs else "")
+
+    def _signed(self, forwarder: ID, msg: Any) -> bool:
+        """The author's signature holds (or signing is off). A message whose signature
+        fails is its forwarder's fault, whoever it names as author: honest peers check
+        signatures before they forward (strict signing). It is counted as a bad frame
+        and costs the forwarder as an invalid message; it is logged at debug only, since
+        a forger chooses how many there are."""
+        if not self.strict_signing:
+            return True
+        try:
+            if signature_validator(msg):
+                return True
+        except Exception:  # a key that does not parse
+            pass
+        COUNTERS.bad_frames += 1
+        log.debug("message with a bad signature", via=str(forwarder))
+        if self.router.scorer is not None:
+            self.router.scorer.charge(forwarder, msg.topicIDs[0] if msg.topicIDs else "")
+        return False
 
 
 def score_params() -> ScoreParams:
@@ -548,15 +590,17 @@ class PubsubBehaviour:
         self._forget_copies(msg)
 
     def _forget_copies(self, msg: Any) -> None:
-        """Later copies of ``msg`` are dropped unchecked and at no cost."""
-        self.pubsub.excused[self.pubsub.get_message_id(msg)] = None
+        """Later copies of ``msg``, whose signature is checked, are dropped unchecked and
+        at no cost."""
+        self.pubsub.excused[self.pubsub.get_message_id(msg)] = signed_digest(msg)
         while len(self.pubsub.excused) > EXCUSED_MEMORY:
             self.pubsub.excused.popitem(last=False)
 
     def _refuse_topics(self, forwarder: ID, msg: Any) -> bool:
         """protocol/SPEC.md section 2.2, *A message's topics*: refuse a message whose
         topic list repeats a topic, names a topic not of this swarm, or none this node
-        joined. The author signed the list; only an author that sends it itself is
+        joined. Called once the signature is checked: the author signed the list, so a
+        refusal counts against the author, and only an author that sends it itself is
         charged (once): a relay of another version forwards such messages in good faith."""
         topics = list(msg.topicIDs)
         reason = wire.topics_refusal(topics, self.topic, self.topics)

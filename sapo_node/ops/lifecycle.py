@@ -171,6 +171,8 @@ def run_node(cfg: Config, stop: threading.Event) -> None:
         if joining is not None:
             node.transport = joining.transport()
     except BaseException:
+        if endpoint is not None:  # bound before the build; nobody else would close it
+            endpoint.close()
         if joining is not None:
             joining.close()
         if node is not None:
@@ -192,9 +194,9 @@ def run_node(cfg: Config, stop: threading.Event) -> None:
         version=__version__,
         reasoning_gym=RG_VERSION,
     )
-    if endpoint is not None:
-        endpoint.serve(Status(cfg, node=node))
     try:
+        if endpoint is not None:
+            endpoint.serve(Status(cfg, node=node))
         done = node.run()
     except CheckpointError as exc:
         raise NodeFailed(str(exc)) from None
@@ -258,14 +260,15 @@ def run_relay(cfg: Config, stop: threading.Event) -> None:
     """``start --no-train``: relay and bootstrap the swarm, with no model loaded."""
     data_dir = cfg.node.resolved_data_dir()
     lock = hold_data_dir(data_dir)
-    check_ports(cfg)
-    endpoint = status_endpoint(cfg)
-    transport = open_transport(cfg, data_dir)
-    if endpoint is not None:
-        from sapo_node.ops.status import Status
-
-        endpoint.serve(Status(cfg, transport=transport))
+    endpoint = transport = None
     try:
+        check_ports(cfg)
+        endpoint = status_endpoint(cfg)
+        transport = open_transport(cfg, data_dir)
+        if endpoint is not None:
+            from sapo_node.ops.status import Status
+
+            endpoint.serve(Status(cfg, transport=transport))
         while not stop.wait(10.0):
             transport.received()  # a relay forwards; it keeps nothing
             s = transport.stats()
@@ -281,7 +284,8 @@ def run_relay(cfg: Config, stop: threading.Event) -> None:
     finally:
         if endpoint is not None:
             endpoint.close()
-        transport.close()
+        if transport is not None:
+            transport.close()
         lock.close()
     log.info("stopped")
 
