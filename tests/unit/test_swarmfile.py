@@ -28,7 +28,6 @@ protocol = {PROTOCOL_VERSION}
 bootstrap = ["/dnsaddr/boot.example.org", "{ADDR_A}"]
 
 [tasks]
-one_shot = false
 
 [[tasks.families]]
 name = "basic_arithmetic"
@@ -79,7 +78,7 @@ def test_no_swarm_file_changes_nothing() -> None:
 def test_the_swarm_file_lies_under_the_users_file_env_and_flags(swarm_file: Path) -> None:
     cfg = config(swarm_file)
     assert (cfg.train.lr, cfg.train.local_groups, cfg.generation.max_new_tokens) == (2e-5, 3, 128)
-    assert cfg.net.swarm == "demo" and cfg.tasks.one_shot is False
+    assert cfg.net.swarm == "demo" and cfg.tasks.families[0].levels[0]["max_terms"] == 2
     assert cfg.train.external_groups == 2  # a default: nothing recommended
     cfg = config(swarm_file, "[train]\nlr = 3e-5\nlocal_groups = 4\n")
     assert (cfg.train.lr, cfg.train.local_groups, cfg.generation.max_new_tokens) == (3e-5, 4, 128)
@@ -124,10 +123,13 @@ def test_own_tasks_win_but_are_reported(swarm_file: Path) -> None:
     cfg = config(swarm_file)
     assert tasks_warning(cfg) is None
     assert check_swarm_file(cfg).status == "PASS"
-    cfg = config(swarm_file, "[tasks]\none_shot = true\n")
-    assert cfg.tasks.one_shot is True and cfg.tasks.families[0].levels[0]["max_terms"] == 2
+    # how the node is asked and scored is its own: peers do not see it
+    cfg = config(swarm_file, "[tasks]\none_shot = false\n")
+    assert cfg.tasks.one_shot is False and cfg.tasks.families[0].levels[0]["max_terms"] == 2
+    assert tasks_warning(cfg) is None
+    cfg = config(swarm_file, '[[tasks.families]]\nname = "basic_arithmetic"\n')
     line = tasks_warning(cfg)
-    assert line is not None and line.startswith("your [tasks] differ from the swarm file's")
+    assert line is not None and line.startswith("your task families differ from the swarm file's")
     assert check_swarm_file(cfg).status == "WARN"
 
 
