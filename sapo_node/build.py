@@ -61,7 +61,7 @@ def build_node(
             data_dir.mkdir(parents=True, exist_ok=True)
             lock = lock_data_dir(data_dir)
         undo.callback(lock.close)
-        _follow_the_swarms_model(config, data_dir)
+        follow_the_swarms_model(config, data_dir)
         seed = node_seed(data_dir, config.node.seed)  # a broken node.json: said before any load
         if config.node.threads:
             torch.set_num_threads(config.node.threads)
@@ -130,7 +130,7 @@ def build_node(
     return node
 
 
-def _follow_the_swarms_model(config: Config, data_dir: Path) -> None:
+def follow_the_swarms_model(config: Config, data_dir: Path) -> None:
     """A swarm file that changed the model (or LoRA) since the last checkpoint starts a new
     run: the old one is set aside whole, where a resume would fail on the fingerprint."""
     path = CheckpointStore(data_dir).latest()
