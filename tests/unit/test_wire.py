@@ -470,6 +470,12 @@ def test_one_nesting_depth_bounds_every_message(field: str) -> None:
     assert decode(nested_in(field, deepest + 1, version=3)) == Rejection(wire.MALFORMED)
 
 
+def test_the_spec_states_the_depth_and_the_generator_grammar() -> None:
+    spec = " ".join((REPO / "protocol" / "SPEC.md").read_text(encoding="utf-8").split())
+    assert f"nest at most **{wire.MAX_MSGPACK_DEPTH}** deep" in spec
+    assert f"`generator` matches `{wire.GENERATOR_PATTERN.pattern}`" in spec
+
+
 def test_a_version_2_message_nests_two_deep() -> None:
     raw = msgpack.unpackb(encode(minimal_group()), object_pairs_hook=wire._Map)
     assert wire._nesting(raw, 9) == 2
