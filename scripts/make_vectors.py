@@ -324,6 +324,22 @@ def invalid_vectors(minimal: RolloutGroup) -> list[Invalid]:
             note="task = {'a': {'a': ... 2000 levels ... nil}}: deeper than any decoder "
             "stack should go",
         ),
+        Invalid(
+            "malformed_nested_depth_9",
+            "The minimal message with answer replaced by arrays nested 8 deep: the message "
+            f"nests 9 deep, one more than MAX_MSGPACK_DEPTH ({wire.MAX_MSGPACK_DEPTH}).",
+            wire.MALFORMED,
+            data=replaced("answer", Raw(b"\x91" * 8 + b"\xc0")),
+            note="answer = [[[[[[[[nil]]]]]]]]: refused before any field is read",
+        ),
+        Invalid(
+            "wrong_type_answer_nested_depth_8",
+            "The minimal message with answer replaced by arrays nested 7 deep: the message "
+            "nests 8 deep, within MAX_MSGPACK_DEPTH, so the field checks refuse it.",
+            wire.WRONG_TYPE,
+            data=replaced("answer", Raw(b"\x91" * 7 + b"\xc0")),
+            note="answer = [[[[[[[nil]]]]]]]: as deep as a message may nest",
+        ),
         # --- oversize ---------------------------------------------------------------
         Invalid(
             "oversize_by_one",

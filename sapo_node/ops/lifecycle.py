@@ -32,7 +32,7 @@ import structlog
 
 from sapo_node import __version__
 from sapo_node.config import DEFAULT_STATUS_LISTEN, Config, ConfigError
-from sapo_node.swarmfile import ignored_warning, tasks_warning
+from sapo_node.swarmfile import ignored_warning, scoring_warning, tasks_warning
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +45,7 @@ def run(cfg: Config, *, relay: bool = False) -> None:
     """Run a node of ``cfg`` (``relay``: a relay, no model) until it is stopped."""
     log.info("config", **json.loads(cfg.model_dump_json()))
     if cfg.net.enabled:
-        for line in (ignored_warning(cfg), tasks_warning(cfg)):
+        for line in (ignored_warning(cfg), scoring_warning(cfg), tasks_warning(cfg)):
             if line:
                 log.warning(line)
     stop = threading.Event()

@@ -172,6 +172,13 @@ class NetSection(_Section):
         "this node imports and runs as Python code: only for a file whose source you trust "
         "(--allow-swarm-code; a swarm file cannot set it). false: such a file is refused.",
     )
+    allow_swarm_scoring: bool = Field(
+        False,
+        description="Let the swarm file's [tasks] set how this node is asked and what it "
+        "counts as right (system_prompt, one_shot, reward, correct_threshold), which its "
+        "poisoning defences rely on (--allow-swarm-scoring; a swarm file cannot set it). "
+        "false: the file gives only the task families; these four are this node's own.",
+    )
     listen: list[str] = Field(
         default_factory=lambda: ["/ip4/0.0.0.0/tcp/4141"],
         description="Multiaddrs to listen on (TCP); port 0 picks a free port.",
