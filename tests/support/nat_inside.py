@@ -27,6 +27,8 @@ if every check passed, 1 if not, 3 if not in a fresh namespace.
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +42,27 @@ from tests.support.namespaces import conclude, script_main
 from tests.support.nat_swarm import VALID, Netns, add_home, nat
 
 HOMES = ("h1", "h2")
+# counts, at each router, packets that leave the home for an inside address (of either home)
+COUNT = """
+table ip tally {
+  chain leaving {
+    type filter hook forward priority 0;
+    oifname "wan0" ip daddr 198.19.0.0/16 counter
+  }
+}
+"""
+
+
+def to_inside(ns: Netns) -> int:
+    """Packets that left either home for the wan, addressed to an inside address."""
+    total = 0
+    for router in ("r1", "r2"):
+        with ns.inside(router):
+            out = subprocess.run(
+                ["nft", "list", "table", "ip", "tally"], capture_output=True, text=True, timeout=30
+            ).stdout
+        total += sum(int(n) for n in re.findall(r"packets (\d+)", out))
+    return total
 
 
 def run(within: float) -> dict[str, object]:
@@ -50,6 +73,7 @@ def run(within: float) -> dict[str, object]:
     ns.run(None, "ip", "addr", "add", "198.18.0.1/32", "dev", "lo")
     for i in (1, 2):
         add_home(ns, i, nat(True, None))
+        ns.run(f"r{i}", "nft", "-f", "-", stdin=COUNT)
     ns.run(None, "sysctl", "-qw", "net.ipv4.ip_forward=1")
     members: dict[str, Libp2pTransport] = {}
 
@@ -88,6 +112,7 @@ def run(within: float) -> dict[str, object]:
             checks["reachability"] = {n: reads(n) for n in HOMES}
             checks["answers"] = {n: stat(n, "autonat_answers") for n in HOMES}
             checks["pub_served"] = stat("pub", "autonat_served")
+            checks["to_inside_addrs"] = {"until_private": to_inside(ns)}
             if not private:
                 result["error"] = f"not private in {within:.0f} s: {checks}"
                 return result
@@ -115,6 +140,7 @@ def run(within: float) -> dict[str, object]:
             checks["met_s"] = round(time.monotonic() - t0, 1)
             checks["h1_h2_link"] = link()
             checks["hole_punches"] = {n: stat(n, "hole_punches") for n in HOMES}
+            checks["to_inside_addrs"]["until_met"] = to_inside(ns)
             return conclude(
                 result,
                 {
