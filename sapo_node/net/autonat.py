@@ -38,7 +38,11 @@ it. Every asker heard OK, firewalled or not (docs/libp2p.md#autonat-dial-back).
 ports would map to that same connection), and counts it a success only when the Noise
 handshake proves the asker's peer ID. It dials only addresses on the asker's observed
 IP (the library's rule: no amplification), only for the peer that asked, and within
-rate limits (a peer's request once a minute, PER_MINUTE requests in all).
+rate limits (a peer's request once a minute, PER_MINUTE requests in all). An asker
+none of whose addresses is on that IP is behind NAT (its inside range outside the LAN
+ranges, so it read public): the library refused it and it never had a verdict; here
+its observed IP is dialled at the ports it gave (:func:`dial_candidates`), which fails
+unless its router forwards them.
 
 Dial-backs from distinct networks are what the verdict counts: one operator of many
 identities or addresses counts once. A lying server can only say "failed" (a majority
@@ -144,6 +148,12 @@ class SwarmAutoNAT(AutoNATService):
             with contextlib.suppress(Exception):
                 await stream.close()
 
+    @staticmethod
+    def _filter_by_observed_ip(addrs: list[bytes], observed_ip: str | None) -> list[bytes]:
+        """The library's rule, which refuses an asker none of whose addresses is on its
+        observed IP, with :func:`dial_candidates` instead."""
+        return dial_candidates(addrs, observed_ip)
+
     async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
         """A new TCP connection from an ephemeral port, and a Noise handshake
         that proves ``peer_id``; then closed. None if no address answered so."""
@@ -185,6 +195,39 @@ def tcp_target(raw: bytes) -> tuple[str, int] | None:
         return str(ip), int(addr.value_for_protocol("tcp"))
     except Exception:
         return None
+
+
+def dial_candidates(addrs: list[bytes], observed_ip: str | None) -> list[bytes]:
+    """The addresses a server dials back for an asker whose connection comes from
+    ``observed_ip``, given the ``addrs`` it asked to be dialled at: those on that IP
+    (no amplification: only the asker's own IP is ever dialled), or, when none is, that
+    IP at each TCP port it gave. An asker behind NAT knows only its inside address; where
+    that lies outside the LAN ranges it reads public and asks, and a server that refused
+    it (as the library does) left it without a verdict for good. Dialling its router at
+    its port fails unless the router forwards that port, which is the answer it needs.
+
+    >>> ma = lambda *a: [multiaddr.Multiaddr(x).to_bytes() for x in a]
+    >>> show = lambda raws: [str(multiaddr.Multiaddr(x)) for x in raws]
+    >>> show(dial_candidates(ma("/ip4/198.19.1.2/tcp/4141"), "198.18.1.2"))  # behind NAT
+    ['/ip4/198.18.1.2/tcp/4141']
+    >>> show(dial_candidates(ma("/ip4/198.18.1.2/tcp/4141", "/ip4/198.18.9.9/tcp/1"), "198.18.1.2"))
+    ['/ip4/198.18.1.2/tcp/4141']
+    >>> dial_candidates(ma("/ip4/198.19.1.2/tcp/4141"), None)
+    []
+    """
+    if observed_ip is None:
+        return []
+    on_ip = AutoNATService._filter_by_observed_ip(addrs, observed_ip)
+    if on_ip:
+        return on_ip
+    try:
+        version = ipaddress.ip_address(observed_ip).version
+    except ValueError:
+        return []
+    ports = list(dict.fromkeys(t[1] for t in map(tcp_target, addrs) if t is not None and t[1] > 0))
+    return [
+        multiaddr.Multiaddr(f"/ip{version}/{observed_ip}/tcp/{port}").to_bytes() for port in ports
+    ]
 
 
 def network_of(ip: str) -> str:

@@ -82,7 +82,7 @@ OVERRIDDEN: dict[str, tuple[str, ...]] = {
         "_close_relayed_conns_after_grace", "_get_observed_addrs",
     ),
     "libp2p.host.autonat.autonat:AutoNATService": (
-        "handle_stream", "_try_dial", "_handle_request", "_observed_ip",
+        "handle_stream", "_try_dial", "_handle_request", "_observed_ip", "_filter_by_observed_ip",
     ),
     "libp2p.kad_dht.routing_table:RoutingTable": ("add_peer",),
     "libp2p.kad_dht.provider_store:ProviderStore": ("add_provider",),

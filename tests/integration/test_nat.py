@@ -4,7 +4,8 @@ user namespace ends: ``tests/support/nat_swarm.py`` says what it builds and chec
 
 Nothing leaves the namespaces, and their addresses are in 198.18.0.0/15 only: 198.18/16
 the internet, 198.19/16 the LANs behind the home routers (each node counts it as LAN:
-``net.lan_ranges``, tests/support/nat_swarm.py). The UPnP router's IGD is a
+``net.lan_ranges``, tests/support/nat_swarm.py; but in tests/support/nat_inside.py,
+where it is a home numbered outside the LAN ranges). The UPnP router's IGD is a
 small Python one (tests/support/igd.py; tests/support/nat_upnp.py says why not miniupnpd).
 Where namespaces or nftables are missing the test is skipped with the reason; `.ci/run`
 installs nftables and sets ``SAPO_REQUIRE_NAMESPACES=1``, so CI runs it or fails.
@@ -119,3 +120,19 @@ def test_a_dialable_looking_node_alone_with_one_public_node_turns_private() -> N
     assert checks["met"], checks["fw1_fw2_link"]
     assert checks["public_again"] and checks["back_in_routing_table"]
     assert checks["fw2_still_private"]
+
+
+@pytest.mark.timeout(360)
+def test_home_nodes_behind_nat_numbered_outside_the_lan_ranges_turn_private_and_meet() -> None:
+    """Two homes behind NAT whose inside addresses are not LAN addresses, and one public
+    node, with default AutoNAT timings (tests/support/nat_inside.py): each home node
+    reads public, the public node dials its router back at its port and fails, and after
+    autonat.ALONE_S with nobody dialling in it turns private, reserves a relay slot, and
+    the two meet. A server that refused such an asker (its addresses are not on the IP
+    its connection comes from) left it public for good. ~160 s: the default ALONE_S (120
+    s) after the dial-back's connect timeout (5 s) is most of it."""
+    checks = checks_of("tests.support.nat_inside", timeout=330)
+    assert checks["reachability"] == {"h1": ["private", "autonat"], "h2": ["private", "autonat"]}
+    assert checks["answers"] == {"h1": {"198.18.0.1": 100}, "h2": {"198.18.0.1": 100}}
+    assert checks["relay_reserved"] and checks["exchange"]
+    assert checks["met"], checks["h1_h2_link"]
