@@ -1,5 +1,6 @@
 """Two homes behind NAT whose inside addresses are outside the LAN ranges, and one
-public node, on one machine, with the node's default AutoNAT timings.
+public node, on one machine, with the node's default AutoNAT timings (``--alone-s S``:
+private S seconds after the failed dial-back instead of autonat.ALONE_S).
 ``tests/integration/test_nat.py`` runs
 
     unshare -rn python -m tests.support.nat_inside
@@ -65,7 +66,18 @@ def to_inside(ns: Netns) -> int:
     return total
 
 
-def run(within: float) -> dict[str, object]:
+class ShortWait(Libp2pTransport):
+    """A network process whose AutoNAT concludes private after ``alone_s`` seconds with
+    one failed answer and nobody dialling in, rather than autonat.ALONE_S."""
+
+    alone_s = autonat.ALONE_S
+
+    def _spawn(self) -> None:
+        self.settings["autonat_alone_s"] = self.alone_s
+        super()._spawn()
+
+
+def run(within: float, alone_s: float | None = None) -> dict[str, object]:
     result: dict[str, object] = {"ok": False, "checks": {}}
     checks: dict[str, object] = result["checks"]  # type: ignore[assignment]
     ns = Netns(["r1", "home1", "r2", "home2"])
@@ -86,8 +98,11 @@ def run(within: float) -> dict[str, object]:
             mdns=False,
             upnp=False,
         )
+        kind = Libp2pTransport
+        if alone_s is not None:
+            kind = type("Waiting", (ShortWait,), {"alone_s": alone_s})
         with ns.inside(where):
-            members[name] = Libp2pTransport(section, PoolSection(), Path(tmp) / name)
+            members[name] = kind(section, PoolSection(), Path(tmp) / name)
 
     def stat(name: str, key: str) -> object:
         return members[name].child_stats.get(key)
@@ -160,9 +175,14 @@ def run(within: float) -> dict[str, object]:
                 t.close()
 
 
-def main() -> int:
-    # pub's dial-back times out (CONNECT_S), then ALONE_S with nobody dialling in
-    return script_main(lambda: run(autonat.CONNECT_S + autonat.ALONE_S + 60.0))
+def main(argv: list[str] | None = None) -> int:
+    """``--alone-s S``: conclude private S seconds after the failed dial-back (the test
+    suite's short run); without it, the node's default timings."""
+    args = sys.argv[1:] if argv is None else argv
+    alone_s = float(args[args.index("--alone-s") + 1]) if "--alone-s" in args else None
+    wait = autonat.ALONE_S if alone_s is None else alone_s
+    # pub's dial-back times out (CONNECT_S), then the wait with nobody dialling in
+    return script_main(lambda: run(autonat.CONNECT_S + wait + 60.0, alone_s))
 
 
 if __name__ == "__main__":
