@@ -100,7 +100,7 @@ import structlog
 
 from sapo_node.config import DefenceSection
 from sapo_node.intake import peerstate
-from sapo_node.train.trainer import Sample
+from sapo_node.samples import Sample
 
 log = structlog.get_logger(__name__)
 
