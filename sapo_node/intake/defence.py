@@ -101,6 +101,7 @@ import structlog
 from sapo_node.config import DefenceSection
 from sapo_node.intake import peerstate
 from sapo_node.samples import Sample
+from sapo_node.tasks import last_answer
 
 log = structlog.get_logger(__name__)
 
@@ -110,18 +111,6 @@ IMPLAUSIBLE = "completions_implausible"
 DISTRUSTED = "distrusted"
 MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
 HISTORY_TTL_S = 7 * 86400.0  # a peer's record not added to this long is forgotten
-
-
-def last_answer(text: str, tag: str = "answer") -> tuple[int, int] | None:
-    """Where the last ``<tag>...</tag>`` of ``text`` opens and where its closing tag starts
-    (None if it has none), as ``tasks.extract_answer`` finds it.
-
-    >>> last_answer("so <answer>7</answer>")
-    (3, 12)
-    """
-    close = text.rfind(f"</{tag}>")
-    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
-    return (start, close) if start >= 0 else None
 
 
 def outside_answer_chars(text: str, tag: str = "answer") -> int:

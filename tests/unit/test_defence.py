@@ -28,9 +28,10 @@ from sapo_node.intake.defence import (
     rank_bits,
 )
 from sapo_node.intake.pool import Pool, PooledGroup, group_digest, summary
-from sapo_node.tasks import Scorer, Task, TaskRef
+from sapo_node.samples import Sample
+from sapo_node.tasks import Scorer, Task, TaskRef, last_answer
 from sapo_node.train.policy import load_policy
-from sapo_node.train.trainer import Sample, Trainer
+from sapo_node.train.trainer import Trainer
 from tests.support import poison as poison_module
 from tests.support.poison import PoisonPeer, carries, poison
 
@@ -465,7 +466,7 @@ def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) 
     for ids, flags, text in zip(kept.completion_ids, kept.taught, texts, strict=True):
         assert len(flags) == len(ids) and flags[-1]  # the end token
         taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
-        found = defence_module.last_answer(text)
+        found = last_answer(text)
         if found is None:
             assert taught == ""
             continue
