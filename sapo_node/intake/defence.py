@@ -51,11 +51,14 @@ go through, in order:
    taught: nothing wanted, with prompts that ask for a direct answer.
    With ``teach_first_choices``, a checked completion (positive advantage, passed 1-3)
    also teaches each token of its other text that is this node's first choice there
-   (rank 0 under its policy, from the ranks of check 3): text this node would write
-   itself, greedily, given what came before. A token becomes likelier only where it
-   already was the likeliest, so no token that was not this node's first choice becomes
-   one; the payloads measured in docs/security.md open on a token ranked 76th to 4,000th
-   (``first_choice_tokens``).
+   (rank 0 under its policy, from the ranks of check 3, with the head in float32 so
+   that near-ties do not share rank 0): text this node would write itself, greedily,
+   given what came before. The guarantee is conditional on that text: a token becomes
+   likelier only after the peer's preceding tokens, where it already was the likeliest.
+   Those tokens are context, untaught, but may be anything check 3 lets through (one
+   unlikely token in a window of likely ones), so a first choice after text this node
+   would not write is taught in that context too. A payload whose first token is not
+   this node's first choice is never started by it (``first_choice_tokens``).
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
@@ -253,7 +256,8 @@ def answer_content_tokens(
 
 def first_choice_tokens(answer: Sequence[bool], ranks: Sequence[int]) -> tuple[bool, ...]:
     """``answer_tokens``'s flags widened by ``teach_first_choices``: also each token whose
-    rank under this node's policy is 0 (its first choice).
+    rank under this node's policy is 0 (its first choice, given the completion's text
+    before it).
 
     >>> first_choice_tokens([False, False, True, True], [0, 7, 3, 0])
     (True, False, True, True)

@@ -96,7 +96,8 @@ class DefenceSection(_Section):
     teach_first_choices: bool = Field(
         True,
         description="With answer_only, also teach each token of a checked peer completion's "
-        "other text that is this node's own first choice there (rank 0 under its policy): "
+        "other text that is this node's own first choice there, given the text before it "
+        "(rank 0 under its policy, float32 logits): "
         "a peer's reasoning, as far as this node would write it itself (measured: "
         "docs/results/families-confirm-cpu/). Nothing to widen with answer_only off.",
     )

@@ -232,6 +232,42 @@ def test_ranks_are_those_of_the_full_logits(trained) -> None:
     assert highest_window(rank_bits(got[2]), 4) > RANK_BITS  # "zq" is not
 
 
+@pytest.mark.parametrize("chunked_head", [True, False])
+def test_ranks_tell_near_ties_apart_when_the_model_computes_in_bfloat16(
+    tmp_path, chunked_head: bool
+) -> None:
+    """A first choice is judged on float32 logits, whatever the compute dtype. The head
+    of a tiny model is set so that, after any text, the logits of "a", "b", "c" and "d"
+    are 20.03, 20.0, 5 and 19.95 times one positive factor near 1 (every other token's
+    0): in bfloat16, whose step is an eighth at 20, "a", "b" and "d" round together and
+    would all rank 0; "b" ranks 1 and "d" 2, on the chunked head and on the model's own."""
+    from tests.support.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m", tied=False)
+    policy = load_policy(
+        str(path), device="cpu", dtype="bfloat16", lora=LoraSection(), cache_dir=path
+    )
+    model, vocab = policy.model, policy.tokenizer.get_vocab()
+    logits = {"a": 20.03, "b": 20.0, "c": 5.0, "d": 19.95}
+    with torch.no_grad():
+        # Hidden dimension 0 dominates every position, and the final norm keeps only it:
+        # the last hidden state is s * e_0 with s = sqrt(64) = 8 or very near it.
+        model.get_input_embeddings().weight[:, 0] = 10.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        head = model.get_output_embeddings().weight
+        head.zero_()
+        for char, logit in logits.items():
+            head[vocab[char], 0] = logit / 8
+    trainer = Trainer(policy, TrainSection(chunked_head=chunked_head), max_new_tokens=80)
+    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+    text = "abdcbdab"
+    ids = policy.encode_completion(text, True, 80).ids
+    (ranks,) = trainer.completion_ranks([Sample(prompt, ids, 0.0)])
+    order = {"a": 0, "b": 1, "d": 2, "c": 3}
+    assert ranks == [order[c] for c in text] + [4]  # the end token's logit is 0
+
+
 def test_a_peer_that_keeps_failing_is_distrusted_then_forgiven(trained) -> None:
     policy, trainer, prompt = trained
     now = [0.0]
