@@ -215,6 +215,58 @@ def test_the_answer_tags_and_the_end_token_are_not_judged(tmp_path, kind: str) -
     assert policy.token_spans([policy.end_id, *ids]) is None  # not what its text gives back
 
 
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_the_rank_check_judges_no_token_that_overlaps_a_tag(tmp_path, kind: str) -> None:
+    """Check 3 leaves out every token that overlaps the last answer's tags, a token across
+    a tag's edge whole, and the end token: ranked 10**6 there, a completion passes;
+    ranked so on one window of its other text, the answer's content included, it is
+    refused."""
+    from tests.support.tiny import build_bpe_model, build_tiny_model
+
+    path = (build_tiny_model if kind == "char" else build_bpe_model)(tmp_path / kind)
+    policy = load_policy(
+        str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+    )
+    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+    texts = ["so 3 + 4 = 7\n<answer>7</answer>", "<answer>7</answer>"]
+    texts += ["<answer>1</answer>", "<answer>2</answer>"]
+    group = _group(policy, prompt, texts, [1, 1, 0, 0])
+    tags = [
+        defence_module.format_tokens(*policy.token_spans(ids), len(ids))
+        for ids in group.completion_ids[:2]
+    ]
+    for ids, t in zip(group.completion_ids[:2], tags, strict=True):
+        assert len(ids) - 1 in t  # the end token
+
+    def ranked(high):  # rank 10**6 on the tokens high(completion, token) picks, else 0
+        def ranks(samples):
+            return [
+                [10**6 if high(i, k) else 0 for k in range(len(s.completion_ids))]
+                for i, s in enumerate(samples)
+            ]
+
+        return ranks
+
+    settings = DefenceSection(max_rank_bits=RANK_BITS, teach_first_choices=False)
+    on_tags = Defence(
+        settings, ranked(lambda i, k: k in tags[i]), Counts(), spans=policy.token_spans
+    )
+    kept, screened = on_tags.screen([], [group])
+    assert screened == {CHECKED: 2} and len(kept[0].texts) == 4
+    for i, ids in enumerate(group.completion_ids[:2]):
+        judged = [k for k in range(len(ids)) if k not in tags[i]]
+        assert policy.decode([ids[k] for k in judged]).endswith("7")  # the answer itself
+        window = set(judged[-settings.rank_window :])
+        off_tags = Defence(
+            settings,
+            ranked(lambda j, k, i=i, window=window: j == i and k in window),
+            Counts(),
+            spans=policy.token_spans,
+        )
+        _, screened = off_tags.screen([], [group])
+        assert screened == {CHECKED: 2, IMPLAUSIBLE: 1}
+
+
 def test_ranks_are_those_of_the_full_logits(trained) -> None:
     """The ranks the check reads (prompts computed once per group, micro-batched) are
     those of a plain forward pass over prompt and completion, row by row."""
