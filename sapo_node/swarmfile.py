@@ -46,8 +46,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sapo_node.dialaddr import parse
 from sapo_node.intake.wire import MAX_SHARDS, PROTOCOL_VERSION
-from sapo_node.net.dnsaddr import parse
 from sapo_node.options import (
     FINGERPRINT,
     SWARM_NAME,

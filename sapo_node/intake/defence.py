@@ -37,9 +37,13 @@ go through, in order:
    honest peer's worst window at most 3.4 bits, a payload's at least 9).
 
 4. only the answer teaches (``answer_only``): of every peer's completion that is left,
-   positive advantage or not, the loss counts only the tokens of its last answer with
-   the tags, and its end of turn (``answer_tokens``); the text before the answer is
-   context, never a target. The checks above judge a payload by its look, and a payload
+   the loss counts only the tokens of its last answer with the tags, and its end of
+   turn (``answer_tokens``), for one above its group's mean; for one at or below it,
+   only the tokens between the tags (``answer_content_tokens``): its wrong answer is
+   pushed down, and this node's format is not (unchecked, a peer could write its wrong
+   answers in this node's format and its right ones after text this node never writes,
+   and so push this node off its own tags). The text before the answer is context,
+   never a target. The checks above judge a payload by its look, and a payload
    can look like anything: a false claim in common words is made of tokens the policy
    ranks highly, and under the outside bound (docs/security.md, the in-style class).
    What a peer can teach this node is what this node's own verifier checked (the answer)
@@ -47,11 +51,14 @@ go through, in order:
    taught: nothing wanted, with prompts that ask for a direct answer.
    With ``teach_first_choices``, a checked completion (positive advantage, passed 1-3)
    also teaches each token of its other text that is this node's first choice there
-   (rank 0 under its policy, from the ranks of check 3): text this node would write
-   itself, greedily, given what came before. A token becomes likelier only where it
-   already was the likeliest, so no token that was not this node's first choice becomes
-   one; the payloads measured in docs/security.md open on a token ranked 76th to 4,000th
-   (``first_choice_tokens``).
+   (rank 0 under its policy, from the ranks of check 3, with the head in float32 so
+   that near-ties do not share rank 0): text this node would write itself, greedily,
+   given what came before. The guarantee is conditional on that text: a token becomes
+   likelier only after the peer's preceding tokens, where it already was the likeliest.
+   Those tokens are context, untaught, but may be anything check 3 lets through (one
+   unlikely token in a window of likely ones), so a first choice after text this node
+   would not write is taught in that context too. A payload whose first token is not
+   this node's first choice is never started by it (``first_choice_tokens``).
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
@@ -100,7 +107,8 @@ import structlog
 
 from sapo_node.config import DefenceSection
 from sapo_node.intake import peerstate
-from sapo_node.train.trainer import Sample
+from sapo_node.samples import Sample
+from sapo_node.tasks import last_answer
 
 log = structlog.get_logger(__name__)
 
@@ -110,18 +118,6 @@ IMPLAUSIBLE = "completions_implausible"
 DISTRUSTED = "distrusted"
 MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
 HISTORY_TTL_S = 7 * 86400.0  # a peer's record not added to this long is forgotten
-
-
-def last_answer(text: str, tag: str = "answer") -> tuple[int, int] | None:
-    """Where the last ``<tag>...</tag>`` of ``text`` opens and where its closing tag starts
-    (None if it has none), as ``tasks.extract_answer`` finds it.
-
-    >>> last_answer("so <answer>7</answer>")
-    (3, 12)
-    """
-    close = text.rfind(f"</{tag}>")
-    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
-    return (start, close) if start >= 0 else None
 
 
 def outside_answer_chars(text: str, tag: str = "answer") -> int:
@@ -235,9 +231,33 @@ def answer_tokens(
     return tuple(k in covered for k in range(n_ids))
 
 
+def answer_content_tokens(
+    text: str, spans: Sequence[tuple[int, int]], n_ids: int, tag: str = "answer"
+) -> tuple[bool, ...]:
+    """Which of a completion's ``n_ids`` tokens lie wholly between the tags of its last
+    answer (``spans``: each token's characters in ``text``): no tag, no token across a
+    tag's edge, no end of turn. What ``answer_only`` teaches of a peer's completion at
+    or below its group's mean: the wrong answer is pushed down, the format is not.
+
+    >>> text = "so 7<answer>7</answer>"
+    >>> taught = answer_content_tokens(text, [(i, i + 1) for i in range(len(text))], len(text) + 1)
+    >>> "".join(c for c, t in zip(text, taught) if t), taught[-1]
+    ('7', False)
+    >>> answer_content_tokens("<answer>7</answer>", [(0, 9), (9, 18)], 3)
+    (False, False, False)
+    """
+    answer = last_answer(text, tag)
+    if answer is None:
+        return (False,) * n_ids
+    start, close = answer[0] + len(tag) + 2, answer[1]
+    inside = {k for k, (a, b) in enumerate(spans[:n_ids]) if start <= a < b <= close}
+    return tuple(k in inside for k in range(n_ids))
+
+
 def first_choice_tokens(answer: Sequence[bool], ranks: Sequence[int]) -> tuple[bool, ...]:
     """``answer_tokens``'s flags widened by ``teach_first_choices``: also each token whose
-    rank under this node's policy is 0 (its first choice).
+    rank under this node's policy is 0 (its first choice, given the completion's text
+    before it).
 
     >>> first_choice_tokens([False, False, True, True], [0, 7, 3, 0])
     (True, False, True, True)
@@ -479,7 +499,12 @@ class Defence:
                 continue
             taught = None
             if self.settings.answer_only:
-                taught = [self._taught(g.completion_ids[i], ranks.get((id(g), i))) for i in keep]
+                # The sign of each advantage as it trains: over the completions kept.
+                up = above_mean([g.rewards[i] for i in keep])
+                taught = [
+                    self._taught(g.completion_ids[i], ranks.get((id(g), i)), above)
+                    for i, above in zip(keep, up, strict=True)
+                ]
             g = replace(
                 g,
                 completion_ids=[g.completion_ids[i] for i in keep],
@@ -493,13 +518,21 @@ class Defence:
             self.save()
         return out, counts
 
-    def _taught(self, ids: Sequence[int], ranks: Sequence[int] | None) -> tuple[bool, ...]:
-        """What ``answer_only`` teaches of a completion: its answer, and with
+    def _taught(
+        self, ids: Sequence[int], ranks: Sequence[int] | None, above: bool
+    ) -> tuple[bool, ...]:
+        """What ``answer_only`` teaches of a completion: above its group's mean
+        (``above``), its answer with the tags and its end of turn, and with
         ``teach_first_choices`` the tokens of its other text ranked 0 (``ranks``: the
-        ranks check 3 computed, for the completions it checked; None for the others)."""
+        ranks check 3 computed, for the completions it checked; None for the others);
+        at or below the mean, only what lies between its answer's tags. Unchecked, the
+        tags and end of turn of a completion trained away from would let a peer push
+        this node off its own format (wrong answers written in it, right ones not)."""
         found = self.spans(ids) if self.spans is not None else None
         if not found:  # no token spans (no fast tokenizer, or text that re-tokenises apart)
             return (False,) * len(ids)  # nothing of it is taught
+        if not above:
+            return answer_content_tokens(found[0], found[1], len(ids))
         answer = answer_tokens(found[0], found[1], len(ids))
         if ranks is None:  # _check_ranks returns ranks only with teach_first_choices
             return answer

@@ -76,6 +76,7 @@ async def _main(in_fd: int, out_fd: int) -> int:
         check_ports_free([multiaddr.Multiaddr(a) for a in settings["listen"]])
         mapping = await _map_port(settings)
         network = Network(settings, out, mapping, exit_now=_exit)
+        patches.warn_unless_holding()  # the library's modules it uses are loaded now
     except (NetError, ValueError) as exc:
         await out.send(["fatal", str(exc)])
         return 1

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import multiaddr
+import structlog
 import trio
 
 from sapo_node.net import NetError, reach
@@ -188,6 +189,20 @@ def still_holding() -> list[str]:
         elif getattr(sys.modules[target.module], target.name) is original:
             out.append(f"{target.module}.{target.name}")
     return sorted(out)
+
+
+def warn_unless_holding() -> list[str]:
+    """What :func:`still_holding` finds, in one warning line if anything: the network
+    process asks once its parts are built, when the library modules it uses are loaded.
+    A module found there imported a replaced function in a way :func:`apply` did not
+    foresee (a library change, most likely) and uses the library's own: the line names
+    it for whoever runs the node, and the network runs on."""
+    stale = still_holding()
+    if stale:
+        structlog.get_logger("sapo_node.net").warning(
+            f"py-libp2p patches do not hold everywhere ({DOCS})", still_the_librarys=stale
+        )
+    return stale
 
 
 def check_state(obj: Any, names: Iterable[str], what: str) -> None:

@@ -14,8 +14,8 @@ from pydantic import (
     model_validator,
 )
 
-from sapo_node.net.dnsaddr import parse as parse_bootstrap
-from sapo_node.net.dnsaddr import parse_nameserver
+from sapo_node.dialaddr import parse as parse_bootstrap
+from sapo_node.dialaddr import parse_nameserver
 from sapo_node.options.base import DEFAULT_STATUS_LISTEN, SWARM_NAME, _Section, parse_host_port
 
 # a DNS name as a Host header gives it, lower case, without port or final dot
@@ -89,13 +89,15 @@ class DefenceSection(_Section):
     answer_only: bool = Field(
         True,
         description="Train a peer's completion only on its last answer, the answer's tags and "
-        "its end of turn; its other text is never taught, whatever it says: for prompts that "
-        "ask for a direct answer, as the default one does.",
+        "its end of turn (at or below its group's mean: only what lies between the tags); "
+        "its other text is never taught, whatever it says: for prompts that ask for a direct "
+        "answer, as the default one does.",
     )
     teach_first_choices: bool = Field(
         True,
         description="With answer_only, also teach each token of a checked peer completion's "
-        "other text that is this node's own first choice there (rank 0 under its policy): "
+        "other text that is this node's own first choice there, given the text before it "
+        "(rank 0 under its policy, float32 logits): "
         "a peer's reasoning, as far as this node would write it itself (measured: "
         "docs/results/families-confirm-cpu/). Nothing to widen with answer_only off.",
     )

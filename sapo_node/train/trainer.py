@@ -65,37 +65,13 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from sapo_node.config import TrainSection
+from sapo_node.samples import Sample
 from sapo_node.train import decode, grpo
 from sapo_node.train.optim import CompactAdam
 from sapo_node.train.policy import Policy
 from sapo_node.train.prefix import Prefix, common_prefix
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One training sequence: a prompt, a completion and the completion's advantage.
-
-    ``taught``: which completion tokens the loss counts (None: all of them). A token left
-    out gets neither loss nor gradient; the others keep their weight (the loss is still
-    normalised over whole completions), so leaving text out teaches less, never more.
-
-    ``copies``: how many identical samples this one stands for (``groups.training_set``
-    merges a group's identical completions). Identical tokens and advantage give identical
-    per-token losses, so one forward and backward weighted ``copies`` times gives the
-    gradient of them all, at the cost of one.
-
-    ``weight``: how many of its group's completions this one stands for when only some
-    of them train (``train.external_completions``): its loss counts ``weight`` times.
-    """
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    advantage: float
-    taught: tuple[bool, ...] | None = None
-    copies: int = 1
-    weight: float = 1.0
 
 
 @dataclass
@@ -316,6 +292,27 @@ def _with_head(
     )
 
 
+def _float32_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` in float32, outside any autocast."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+
+
+@contextlib.contextmanager
+def _float32_output(layer: torch.nn.Linear) -> Iterator[None]:
+    """While it lasts, ``layer``'s output is computed again from its input in float32 and
+    replaces the one autocast made (the model's own forward calls its head)."""
+    handle = layer.register_forward_hook(
+        lambda module, args, _out: _float32_linear(module.weight, module.bias, args[0])
+    )
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @contextlib.contextmanager
 def _checkpointing_off(model: torch.nn.Module) -> Iterator[None]:
     """Gradient checkpointing off in every module that has it on, back on after. The
@@ -450,13 +447,20 @@ class Trainer:
         return (both[..., 0], both[..., 1].detach()) if entropy else both
 
     def _states(
-        self, model: torch.nn.Module, mb: Packed, prefix: Prefix | None = None
+        self,
+        model: torch.nn.Module,
+        mb: Packed,
+        prefix: Prefix | None = None,
+        *,
+        float32_head: bool = False,
     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]:
         """One forward pass over prompts and completions: [R, 1 + T, ...] at each row's last
         prompt position and its completion input tokens (see ``Packed``), and the head that
         turns them into logits. For ``PLAIN_HEAD_MODELS``, the decoder's last hidden
         states and the model's output layer; else the model's logits and None. ``prefix``:
-        the shared prompt prefix the rows were packed without, read from its cache."""
+        the shared prompt prefix the rows were packed without, read from its cache.
+        ``float32_head``: the head (an ``nn.Linear``) computes float32 logits, whatever the
+        compute dtype (``completion_ranks``)."""
         dev = self.policy.device
         keep = mb.next_ids.shape[1] + 1
         inputs = {
@@ -468,11 +472,15 @@ class Trainer:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         reading = contextlib.nullcontext() if prefix is None else prefix.read(model)
         chunked = getattr(base.config, "model_type", None) in PLAIN_HEAD_MODELS
-        if not (chunked and self.settings.chunked_head):  # the plain path
-            with self.policy.autocast(), reading as cache:
-                return model(**inputs, cache=cache, logits_to_keep=keep).logits, None
         project = base.get_output_embeddings()
-        if type(project) is torch.nn.Linear and project.weight.dtype != self.policy.dtype:
+        float32_head = float32_head and type(project) is torch.nn.Linear
+        if not (chunked and self.settings.chunked_head):  # the plain path
+            exact = _float32_output(project) if float32_head else contextlib.nullcontext()
+            with self.policy.autocast(), reading as cache, exact:
+                return model(**inputs, cache=cache, logits_to_keep=keep).logits, None
+        if float32_head:
+            project = functools.partial(_float32_linear, project.weight.float(), project.bias)
+        elif type(project) is torch.nn.Linear and project.weight.dtype != self.policy.dtype:
             # Autocast would copy the float32 head (the tied embedding: 28M weights for the
             # embedded model) to the compute dtype again for each chunk and each chunk's
             # recomputation, and cast each chunk's gradient back: copied once here, its
@@ -482,7 +490,7 @@ class Trainer:
 
         def head(x: torch.Tensor) -> torch.Tensor:
             with self.policy.autocast():
-                return project(x)
+                return project(x)  # _float32_linear leaves autocast itself
 
         with self.policy.autocast(), reading as cache:
             hidden = base.get_decoder()(**inputs, cache=cache).last_hidden_state
@@ -501,13 +509,16 @@ class Trainer:
 
     @torch.no_grad()
     def completion_ranks(self, samples: Sequence[Sample]) -> list[list[int]]:
-        """Each sample's completion tokens' ranks under the current policy: how many
-        vocabulary tokens it finds likelier than the one written (0: its first choice).
-        Temperature, top-k and top-p keep this order, so the rank needs no sampling
-        settings; trains nothing."""
+        """Each sample's completion tokens' ranks under the current policy, given the
+        completion's own text before them: how many vocabulary tokens it finds likelier
+        than the one written (0: its first choice). Temperature, top-k and top-p keep this
+        order, so the rank needs no sampling settings; trains nothing. The head computes
+        in float32: logits within the compute dtype's rounding step of each other (an
+        eighth at 20 in bfloat16) would come out equal there, and a token just below the
+        first choice would share its rank 0."""
         out: list[list[int]] = [[] for _ in samples]
         for idx, mb in self._micro_batches(samples):
-            states, head = self._states(self.policy.model, mb)
+            states, head = self._states(self.policy.model, mb, float32_head=True)
             ranks = _per_token(mb, states, _with_head(grpo.token_ranks, head))
             for row, i in enumerate(idx):
                 out[i] = ranks[row, : len(samples[i].completion_ids)].tolist()

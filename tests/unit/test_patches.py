@@ -31,6 +31,27 @@ def test_every_module_holds_the_nodes_version_of_what_it_replaces() -> None:
     assert identify._mk_identify_protobuf.__qualname__.endswith("identify_for")
 
 
+def test_a_module_that_still_holds_the_librarys_own_is_named_in_one_line(monkeypatch) -> None:
+    """The network process asks once it is built: a module holding a replaced function by
+    a name ``apply`` did not foresee is named in one warning line."""
+    import structlog
+    from libp2p.kad_dht import common
+
+    import sapo_node.net.host  # noqa: F401  (what the network process imports)
+
+    patches.apply()
+    with structlog.testing.capture_logs() as logs:
+        assert patches.warn_unless_holding() == []
+    assert logs == []
+    original = patches._original[("libp2p.kad_dht.common", "PROTOCOL_ID")]
+    monkeypatch.setattr(common, "LIBRARY_ID", original, raising=False)  # a new holder
+    with structlog.testing.capture_logs() as logs:
+        assert patches.warn_unless_holding() == ["libp2p.kad_dht.common.PROTOCOL_ID"]
+    (line,) = logs
+    assert line["log_level"] == "warning" and "docs/libp2p.md#patches" in line["event"]
+    assert line["still_the_librarys"] == ["libp2p.kad_dht.common.PROTOCOL_ID"]
+
+
 def test_a_changed_library_stops_the_network_with_one_line(monkeypatch) -> None:
     from libp2p.pubsub.gossipsub import GossipSub
 
