@@ -89,9 +89,8 @@ class DefenceSection(_Section):
     answer_only: bool = Field(
         True,
         description="Train a peer's completion only on its last answer, the answer's tags and "
-        "its end of turn (at or below its group's mean: only what lies between the tags); "
-        "its other text is never taught, whatever it says: for prompts that ask for a direct "
-        "answer, as the default one does.",
+        "its end of turn; its other text is never taught, whatever it says: for prompts that "
+        "ask for a direct answer, as the default one does.",
     )
     teach_first_choices: bool = Field(
         True,
