@@ -37,13 +37,9 @@ go through, in order:
    honest peer's worst window at most 3.4 bits, a payload's at least 9).
 
 4. only the answer teaches (``answer_only``): of every peer's completion that is left,
-   the loss counts only the tokens of its last answer with the tags, and its end of
-   turn (``answer_tokens``), for one above its group's mean; for one at or below it,
-   only the tokens between the tags (``answer_content_tokens``): its wrong answer is
-   pushed down, and this node's format is not (unchecked, a peer could write its wrong
-   answers in this node's format and its right ones after text this node never writes,
-   and so push this node off its own tags). The text before the answer is context,
-   never a target. The checks above judge a payload by its look, and a payload
+   positive advantage or not, the loss counts only the tokens of its last answer with
+   the tags, and its end of turn (``answer_tokens``); the text before the answer is
+   context, never a target. The checks above judge a payload by its look, and a payload
    can look like anything: a false claim in common words is made of tokens the policy
    ranks highly, and under the outside bound (docs/security.md, the in-style class).
    What a peer can teach this node is what this node's own verifier checked (the answer)
@@ -229,29 +225,6 @@ def answer_tokens(
     ranges = () if answer is None else ((answer[0], answer[1] + len(tag) + 3),)
     covered = _covering(spans, n_ids, ranges)
     return tuple(k in covered for k in range(n_ids))
-
-
-def answer_content_tokens(
-    text: str, spans: Sequence[tuple[int, int]], n_ids: int, tag: str = "answer"
-) -> tuple[bool, ...]:
-    """Which of a completion's ``n_ids`` tokens lie wholly between the tags of its last
-    answer (``spans``: each token's characters in ``text``): no tag, no token across a
-    tag's edge, no end of turn. What ``answer_only`` teaches of a peer's completion at
-    or below its group's mean: the wrong answer is pushed down, the format is not.
-
-    >>> text = "so 7<answer>7</answer>"
-    >>> taught = answer_content_tokens(text, [(i, i + 1) for i in range(len(text))], len(text) + 1)
-    >>> "".join(c for c, t in zip(text, taught) if t), taught[-1]
-    ('7', False)
-    >>> answer_content_tokens("<answer>7</answer>", [(0, 9), (9, 18)], 3)
-    (False, False, False)
-    """
-    answer = last_answer(text, tag)
-    if answer is None:
-        return (False,) * n_ids
-    start, close = answer[0] + len(tag) + 2, answer[1]
-    inside = {k for k, (a, b) in enumerate(spans[:n_ids]) if start <= a < b <= close}
-    return tuple(k in inside for k in range(n_ids))
 
 
 def first_choice_tokens(answer: Sequence[bool], ranks: Sequence[int]) -> tuple[bool, ...]:
@@ -499,12 +472,7 @@ class Defence:
                 continue
             taught = None
             if self.settings.answer_only:
-                # The sign of each advantage as it trains: over the completions kept.
-                up = above_mean([g.rewards[i] for i in keep])
-                taught = [
-                    self._taught(g.completion_ids[i], ranks.get((id(g), i)), above)
-                    for i, above in zip(keep, up, strict=True)
-                ]
+                taught = [self._taught(g.completion_ids[i], ranks.get((id(g), i))) for i in keep]
             g = replace(
                 g,
                 completion_ids=[g.completion_ids[i] for i in keep],
@@ -518,21 +486,13 @@ class Defence:
             self.save()
         return out, counts
 
-    def _taught(
-        self, ids: Sequence[int], ranks: Sequence[int] | None, above: bool
-    ) -> tuple[bool, ...]:
-        """What ``answer_only`` teaches of a completion: above its group's mean
-        (``above``), its answer with the tags and its end of turn, and with
+    def _taught(self, ids: Sequence[int], ranks: Sequence[int] | None) -> tuple[bool, ...]:
+        """What ``answer_only`` teaches of a completion: its answer, and with
         ``teach_first_choices`` the tokens of its other text ranked 0 (``ranks``: the
-        ranks check 3 computed, for the completions it checked; None for the others);
-        at or below the mean, only what lies between its answer's tags. Unchecked, the
-        tags and end of turn of a completion trained away from would let a peer push
-        this node off its own format (wrong answers written in it, right ones not)."""
+        ranks check 3 computed, for the completions it checked; None for the others)."""
         found = self.spans(ids) if self.spans is not None else None
         if not found:  # no token spans (no fast tokenizer, or text that re-tokenises apart)
             return (False,) * len(ids)  # nothing of it is taught
-        if not above:
-            return answer_content_tokens(found[0], found[1], len(ids))
         answer = answer_tokens(found[0], found[1], len(ids))
         if ranks is None:  # _check_ranks returns ranks only with teach_first_choices
             return answer

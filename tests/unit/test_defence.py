@@ -529,8 +529,7 @@ def _first_choices(samples):
 def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) -> None:
     """Whatever a peer writes before its answer, and however plausible: ``answer_only``
     teaches the answer with its tags and the end token, nothing else, on completions of
-    every style above the mean, and the answer between its tags only below it; with it
-    off, everything trains as before."""
+    every advantage and style; with it off, everything trains as before."""
     from tests.support.tiny import build_bpe_model, build_tiny_model
 
     path = (build_tiny_model if kind == "char" else build_bpe_model)(tmp_path / kind)
@@ -552,17 +551,12 @@ def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) 
     (kept,), screened = d.screen(own, [_group(policy, prompt, texts, rewards)])
     assert screened == {CHECKED: len(texts) - 2}  # the payloads pass checks 1-3
     assert kept.texts == texts and kept.taught is not None
-    for ids, flags, text, reward in zip(
-        kept.completion_ids, kept.taught, texts, rewards, strict=True
-    ):
-        assert len(flags) == len(ids) and flags[-1] == (reward == 1.0)  # the end token
+    for ids, flags, text in zip(kept.completion_ids, kept.taught, texts, strict=True):
+        assert len(flags) == len(ids) and flags[-1]  # the end token
         taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
         found = last_answer(text)
         if found is None:
             assert taught == ""
-            continue
-        if reward == 0.0:  # below the mean: no tag, no end token
-            assert taught == text[found[0] + len("<answer>") : found[1]]
             continue
         answer = text[found[0] : found[1] + len("</answer>")]
         if kind == "char":
@@ -576,48 +570,10 @@ def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) 
     assert plain.taught is None
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
-def test_below_the_mean_a_peer_teaches_no_tag_and_no_end_of_turn(tmp_path, kind: str) -> None:
-    """A peer's group shaped to push this node off its format: right answers behind a
-    preamble this node would not write, wrong ones in this node's own format. The wrong
-    ones, trained away from, teach only what lies between their tags: no tag token, no
-    token across a tag's edge, no end of turn, first choices or not; the right ones
-    still teach theirs. Advantages are those of the completions kept."""
-    from tests.support.tiny import build_bpe_model, build_tiny_model
-
-    path = (build_tiny_model if kind == "char" else build_bpe_model)(tmp_path / kind)
-    policy = load_policy(
-        str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
-    )
-    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
-    texts = ["Zq: <answer>7</answer>"] * 2 + ["<answer>1</answer>", "<answer>12</answer>"]
-    for first_choices in (False, True):
-        d = Defence(
-            DefenceSection(teach_first_choices=first_choices, rank_check=False),
-            _first_choices,
-            Counts(),
-            spans=policy.token_spans,
-        )
-        (kept,), _ = d.screen([], [_group(policy, prompt, texts, [1, 1, 0, 0])])
-        for i, (ids, flags) in enumerate(zip(kept.completion_ids, kept.taught, strict=True)):
-            taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
-            if i < 2:
-                assert flags[-1] and "<answer>7</answer>" in taught
-                continue
-            assert not flags[-1]  # the end of turn
-            assert "answer" not in taught and "<" not in taught and ">" not in taught
-            content = texts[i].removeprefix("<answer>").removesuffix("</answer>")
-            if kind == "char":
-                assert taught == content
-            else:  # byte-level BPE: a token across a tag's edge is left out whole
-                assert taught in content
-
-
 def test_first_choices_widen_the_answer_of_checked_completions_only(tmp_path) -> None:
     """``teach_first_choices``: a checked completion (above its group's mean) also teaches
     the tokens of its other text ranked 0 under this node's policy, whatever check 3
-    says (on or off); a completion below the mean teaches what lies between its answer's
-    tags only."""
+    says (on or off); a completion below the mean teaches its answer only, as before."""
     from tests.support.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "m")
@@ -643,8 +599,8 @@ def test_first_choices_widen_the_answer_of_checked_completions_only(tmp_path) ->
             if i < 2:  # checked: the answer, and every even position before it
                 assert flags == tuple(a or k % 2 == 0 for k, a in enumerate(answer))
                 assert any(f and not a for f, a in zip(flags, answer, strict=True))
-            else:  # below the mean: between its tags only
-                assert flags == defence_module.answer_content_tokens(found[0], found[1], len(flags))
+            else:
+                assert flags == answer
     with pytest.raises(ValueError, match="answer_only is off"):
         DefenceSection(teach_first_choices=True, answer_only=False)
 
