@@ -49,7 +49,6 @@ swarm through relays) or "OK" (the node stays as it started).
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import time
 from collections.abc import Iterable
 
@@ -63,11 +62,12 @@ from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
+from sapo_node.net.reach import network_of  # a server's network (a /24, a /48): one vote
+
 log = structlog.get_logger("sapo_node.net")
 
 PROTOCOL = AUTONAT_PROTOCOL_ID
 AGREE = 2  # networks (a /24, a /48) whose dial-backs failed, that make a node private
-IPV4_PREFIX, IPV6_PREFIX = 24, 48  # a server's network: one vote
 ALONE_S = 120.0  # one network's failure, then this long with no peer dialling in: private
 RECHECK_PRIVATE_S = 600.0  # a node private by AutoNAT asks again this often
 SERVERS = 4  # peers asked in one check
@@ -185,20 +185,6 @@ def tcp_target(raw: bytes) -> tuple[str, int] | None:
         return str(ip), int(addr.value_for_protocol("tcp"))
     except Exception:
         return None
-
-
-def network_of(ip: str) -> str:
-    """The network a server's IP votes for: its /24 (IPv4) or /48 (IPv6).
-
-    >>> network_of("198.18.4.2"), network_of("2001:db8:1:2::7")
-    ('198.18.4.0/24', '2001:db8:1::/48')
-    """
-    try:
-        addr = ipaddress.ip_address(ip)
-    except ValueError:
-        return ip
-    prefix = IPV4_PREFIX if addr.version == 4 else IPV6_PREFIX
-    return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False))
 
 
 def verdict(answers: Iterable[tuple[str, int]], *, unreached: bool = False) -> str | None:

@@ -200,8 +200,9 @@ def check_state(obj: Any, names: Iterable[str], what: str) -> None:
 def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool]) -> None:
     """docs/libp2p.md#dht-routing-table: the routing table takes a peer only when
     ``admits`` it (identify says it serves the DHT, from an address others can dial);
-    a public node's provider store keeps only addresses outside the LAN ranges; and what
-    this node provides shows only what a stranger may see."""
+    the provider store keeps no IPv4-mapped address, and a public node's none in the LAN
+    ranges (reach.is_lan: judged by the IPv4 address an IPv6 one embeds); and what this
+    node provides shows only what a stranger may see."""
     from libp2p.peer.peerinfo import PeerInfo
 
     check_state(dht, ("routing_table", "provider_store", "host"), "the DHT")
@@ -216,7 +217,7 @@ def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool
         return await library_add(peer, skip_server_mode_check=True)
 
     def add_provider(key: bytes, provider: Any) -> None:
-        addrs = provider.addrs
+        addrs = [a for a in provider.addrs if not reach.is_mapped_addr(str(a))]
         if public():
             addrs = [a for a in addrs if not reach.is_lan_addr(str(a))]
         if addrs:

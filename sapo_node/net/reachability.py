@@ -300,7 +300,11 @@ class ReachabilityBehaviour:
                 break
             try:
                 serves = str(HOP_PROTOCOL_ID) in (store.get_protocols(peer) or ())
-                addrs = [str(a) for a in store.addrs(peer) if not reach.is_lan_addr(str(a))]
+                addrs = [
+                    str(a)
+                    for a in store.addrs(peer)
+                    if not reach.is_lan_addr(str(a)) and not reach.is_mapped_addr(str(a))
+                ]
             except Exception:
                 continue
             if peer in self.relays or not serves or not addrs:

@@ -16,6 +16,7 @@ from pydantic import (
 
 from sapo_node.net.dnsaddr import parse as parse_bootstrap
 from sapo_node.net.dnsaddr import parse_nameserver
+from sapo_node.net.reach import ip_of, is_mapped_addr, judged
 from sapo_node.options.base import DEFAULT_STATUS_LISTEN, SWARM_NAME, _Section, parse_host_port
 
 # a DNS name as a Host header gives it, lower case, without port or final dot
@@ -324,6 +325,12 @@ class NetSection(_Section):
             for addr in getattr(self, field_name):
                 if not addr.startswith("/"):
                     raise ValueError(f"net.{field_name}: {addr!r} is not a multiaddr")
+        for addr in self.announce:
+            if is_mapped_addr(addr):
+                raise ValueError(
+                    f"net.announce: {addr!r} is an IPv4-mapped IPv6 address, which a peer "
+                    f"dials as IPv4 on its own network: give it as /ip4/{judged(ip_of(addr))}/..."
+                )
         for addr in self.bootstrap:  # the grammar of a swarm file's bootstrap too
             try:
                 parse_bootstrap(addr)
