@@ -10,7 +10,62 @@ from sapo_node.net import reach
 
 
 def test_doctests() -> None:
+    from sapo_node.net import autonat
+
     assert doctest.testmod(reach).failed == 0
+    assert doctest.testmod(autonat).failed == 0
+
+
+@pytest.mark.parametrize(
+    ("ip", "lan"),
+    [
+        ("::ffff:10.0.0.1", True),  # IPv4-mapped: what a dual-stack socket shows
+        ("::ffff:127.0.0.1", True),
+        ("::ffff:192.168.1.1", True),
+        ("0:0:0:0:0:ffff:c0a8:101", True),  # the same, written in full
+        ("::ffff:198.18.0.1", False),
+        ("64:ff9b::a00:1", True),  # NAT64 of 10.0.0.1
+        ("64:ff9b::7f00:1", True),  # of 127.0.0.1
+        ("64:ff9b::c612:1", False),  # of 198.18.0.1
+        ("2002:c0a8:101::1", True),  # 6to4 of 192.168.1.1
+        ("2002:7f00:1:2::9", True),  # of 127.0.0.1
+        ("2002:c612:1::1", False),  # of 198.18.0.1
+        ("2001:db8::1", False),
+        ("fd00::1", True),
+    ],
+)
+def test_an_address_that_embeds_ipv4_is_judged_by_it(ip: str, lan: bool) -> None:
+    from sapo_node.net.autonat import network_of
+
+    assert reach.is_lan(ip) is lan
+    assert reach.is_lan_addr(f"/ip6/{ip}/tcp/4141") is lan
+    embedded = reach.judged(ip)
+    if embedded.version == 4:  # one /24 with the IPv4 address, however it is written
+        assert network_of(ip) == network_of(str(embedded))
+    mine = ["/ip4/192.168.1.20/tcp/4141"]
+    assert (reach.shown("private", mine, ip) == mine) is lan  # its LAN sees its LAN addresses
+
+
+def test_ipv4_mapped_addresses_vote_apart_and_are_never_shown() -> None:
+    from sapo_node.net.autonat import FAILED, verdict
+
+    # a dual-stack listener sees IPv4 servers as mapped: two /24s, two votes, not one ::/48
+    assert verdict([("::ffff:198.18.0.1", FAILED), ("::ffff:203.0.113.9", FAILED)]) == "private"
+    assert verdict([("::ffff:198.18.0.1", FAILED), ("198.18.0.2", FAILED)]) is None  # one /24
+    mapped = "/ip6/::ffff:198.18.0.2/tcp/4141"
+    for state in ("public", "private", "local"):
+        assert reach.shown(state, [mapped, "/ip4/198.18.0.2/tcp/4141"], "198.18.0.9") == [
+            "/ip4/198.18.0.2/tcp/4141"
+        ]
+    assert reach.is_mapped_addr(mapped) and not reach.is_mapped_addr("/ip4/198.18.0.2/tcp/1")
+    assert reach.explain("auto", [], ["/ip6/::ffff:127.0.0.1/tcp/4141"]) == ("local", "loopback")
+
+
+def test_an_ipv4_mapped_announce_address_is_refused_with_the_ipv4_one_to_give() -> None:
+    from sapo_node.config import NetSection
+
+    with pytest.raises(ValueError, match="IPv4-mapped.*give it as /ip4/203.0.113.7/"):
+        NetSection(announce=["/ip6/::ffff:203.0.113.7/tcp/4141"])
 
 
 @pytest.mark.parametrize(
@@ -172,6 +227,8 @@ def test_a_peer_outside_the_lan_dialling_in_is_evidence_of_reachability() -> Non
     assert not check(node(accepted))  # on loopback: a LAN peer proves nothing
     assert check(node(accepted, "/ip4/198.18.0.1/tcp/4001"))  # a peer elsewhere dialled in
     assert not check(node(accepted, "/ip4/192.168.1.9/tcp/4001"))  # a LAN peer
+    assert not check(node(accepted, "/ip6/::ffff:192.168.1.9/tcp/4001"))  # one, IPv4-mapped
+    assert check(node(accepted, "/ip6/::ffff:198.18.0.1/tcp/4001"))
     assert not check(node(dialled, "/ip4/198.18.0.1/tcp/4001"))  # this node dialled out
     relayed = "/ip4/198.18.0.1/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"
     assert not check(node(accepted, relayed))  # through a relay: not a dial to this node
