@@ -84,12 +84,13 @@ class Swarm:
         to: Libp2pTransport | list[Libp2pTransport] | None = None,
         port: int = 0,
         pool: PoolSection | None = None,
+        kind: type[Libp2pTransport] = Libp2pTransport,
         **net: object,
     ) -> Libp2pTransport:
         peers = [] if to is None else to if isinstance(to, list) else [to]
         bootstrap = [p.addrs[0] for p in peers]
         section = self.net(bootstrap, port, **net)
-        t = Libp2pTransport(section, pool or PoolSection(), self.root / name)
+        t = kind(section, pool or PoolSection(), self.root / name)
         self.transports.append(t)
         return t
 
@@ -410,6 +411,77 @@ def test_a_crowd_of_identities_holds_no_more_than_max_connections(swarm):
     assert hub.peer_id in node.child_stats["links"]
     assert hub.publish(MINIMAL)
     wait_until(lambda: swarm.data_from(node, hub) == [MINIMAL], MSG_S, "the node still hears")
+    assert alive(node) and alive(hub)
+
+
+class QuickPrune(Libp2pTransport):
+    """A network process that lets a newcomer take the slot of a peer that gives nothing
+    after a second, not a minute."""
+
+    def _spawn(self) -> None:
+        self.settings["inbound_prune_after_s"] = 1.0
+        super()._spawn()
+
+
+@pytest.mark.timeout(120)
+def test_one_host_holds_its_share_of_slots_and_a_newcomer_elsewhere_still_gets_in(swarm):
+    """docs/libp2p.md#connection-limits: identities dialling from one IP hold at most
+    net.max_inbound_per_ip connections, from one /24 net.max_inbound_per_net; and when
+    every slot is taken, a newcomer from elsewhere takes the slot of a peer that gives
+    nothing. Loopback stands for three hosts: 127.0.0.1 and 127.0.0.2 share a /24,
+    127.0.1.1 is another. Before the caps, the first crowd took every slot and the
+    newcomer was refused."""
+    hub = swarm.start("hub")
+    node = swarm.start(
+        "node",
+        to=hub,
+        kind=QuickPrune,
+        max_connections=4,  # 3 slots for connections dialled to it
+        max_peers=1,
+        relay_reservations=0,
+        max_inbound_per_ip=2,
+        max_inbound_per_net=3,
+    )
+    wait_until(meshed(hub, node), MESH_S, "the node and the peer it dialled in one mesh")
+
+    first, a = swarm.rogue("crowd", node, "--count", "6", "--linger", "12", "--source", "127.0.0.1")
+    same_net, b = swarm.rogue(
+        "crowd", node, "--count", "4", "--linger", "12", "--source", "127.0.0.2"
+    )
+    most = 0
+
+    def links() -> int:
+        nonlocal most
+        held = sum(map(sum, node.child_stats.get("links", {}).values()))
+        most = max(most, held)
+        return held
+
+    # 4 of the first crowd refused at its IP's share, 3 of the second at the /24's
+    wait_until(
+        lambda: links() and node.child_stats.get("inbound_capped", 0) >= 7,
+        60,
+        f"the crowds capped; their logs:\n{first.read_text()}\n{same_net.read_text()}",
+    )
+    time.sleep(1.5)  # the crowd has had its second: a peer giving nothing may be pruned
+    newcomer, c = swarm.rogue(
+        "crowd", node, "--count", "1", "--linger", "2", "--source", "127.0.1.1"
+    )
+
+    def gone(n: int) -> Callable[[], bool]:
+        return lambda: links() >= 0 and swarm.rogues[n].poll() is not None
+
+    wait_until(gone(c), 60, f"the newcomer comes and goes; its log:\n{newcomer.read_text()}")
+    for n, log in ((a, first), (b, same_net)):
+        wait_until(gone(n), 60, f"a crowd leaves; its log:\n{log.read_text()}")
+    said = [log.read_text() for log in (first, same_net, newcomer)]
+    kept = [int(re.search(r"wave1 (\d+)", text).group(1)) for text in said]
+    assert all(swarm.rogues[n].returncode == 0 for n in (a, b, c)), said
+    assert kept[2] == 1, said  # the newcomer from another /24 got in
+    assert kept[0] <= 2 and kept[1] <= 1 and kept[0] + kept[1] <= 2, said  # one made room
+    assert 0 < most <= 4, said  # the dialled peer and 3 dialled to it, never more
+    assert node.child_stats["inbound_capped"] >= 7
+    assert node.child_stats["inbound_pruned"] >= 1
+    assert hub.peer_id in node.child_stats["links"]
     assert alive(node) and alive(hub)
 
 
