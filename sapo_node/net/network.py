@@ -293,6 +293,7 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
             "bad_frames": COUNTERS.bad_frames,
             "backpressure_waits": COUNTERS.backpressure_waits,
             "inbound_refused": COUNTERS.inbound_refused,  # at net.max_connections' limits
+            "inbound": sum(a.conn is not None for a in self.accepted),  # dialled to it, held
             "inbound_capped": COUNTERS.inbound_capped,  # of those, at an address's share
             "inbound_pruned": COUNTERS.inbound_pruned,  # closed for a newcomer: gave nothing
             # peer -> when its ban ends (wall clock): the parent keeps them (peerstate.py)

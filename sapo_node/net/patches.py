@@ -382,7 +382,8 @@ def guard_swarm(
         with contextlib.suppress(Exception):
             await gone.conn.close()
         with trio.move_on_after(PRUNE_WAIT_S):
-            while not take_slot():
+            # its slot comes back as it starts closing; the swarm lets it go just after
+            while gone.conn in swarm.get_connections() or not take_slot():
                 await trio.sleep(0.02)
             return True
         return False

@@ -431,58 +431,47 @@ def test_one_host_holds_its_share_of_slots_and_a_newcomer_elsewhere_still_gets_i
     nothing. Loopback stands for three hosts: 127.0.0.1 and 127.0.0.2 share a /24,
     127.0.1.1 is another. Before the caps, the first crowd took every slot and the
     newcomer was refused."""
-    hub = swarm.start("hub")
     node = swarm.start(
         "node",
-        to=hub,
         kind=QuickPrune,
-        max_connections=4,  # 3 slots for connections dialled to it
+        max_connections=4,  # 3 slots for connections dialled to it (max_peers kept)
         max_peers=1,
         relay_reservations=0,
         max_inbound_per_ip=2,
         max_inbound_per_net=3,
     )
-    wait_until(meshed(hub, node), MESH_S, "the node and the peer it dialled in one mesh")
-
-    first, a = swarm.rogue("crowd", node, "--count", "6", "--linger", "12", "--source", "127.0.0.1")
-    same_net, b = swarm.rogue(
-        "crowd", node, "--count", "4", "--linger", "12", "--source", "127.0.0.2"
-    )
     most = 0
 
-    def links() -> int:
+    def inbound() -> int:
         nonlocal most
-        held = sum(map(sum, node.child_stats.get("links", {}).values()))
-        most = max(most, held)
-        return held
+        most = max(most, node.child_stats.get("inbound", 0))
+        return node.child_stats.get("inbound", 0)
 
-    # 4 of the first crowd refused at its IP's share, 3 of the second at the /24's
+    crowd = ["crowd", node, "--count", "5", "--linger", "60", "--source"]
+    first, _ = swarm.rogue(*crowd, "127.0.0.1")
+    same_net, _ = swarm.rogue(*crowd, "127.0.0.2")
+    # 3 of the first crowd refused at its IP's share, 4 of the second at the /24's
     wait_until(
-        lambda: links() and node.child_stats.get("inbound_capped", 0) >= 7,
+        lambda: inbound() == 3 and node.child_stats.get("inbound_capped", 0) >= 7,
         60,
-        f"the crowds capped; their logs:\n{first.read_text()}\n{same_net.read_text()}",
+        f"the crowds capped; node: {node.child_stats}",
     )
     time.sleep(1.5)  # the crowd has had its second: a peer giving nothing may be pruned
-    newcomer, c = swarm.rogue(
-        "crowd", node, "--count", "1", "--linger", "2", "--source", "127.0.1.1"
+    newcomer, n = swarm.rogue(
+        "crowd", node, "--count", "1", "--linger", "1", "--source", "127.0.1.1"
     )
-
-    def gone(n: int) -> Callable[[], bool]:
-        return lambda: links() >= 0 and swarm.rogues[n].poll() is not None
-
-    wait_until(gone(c), 60, f"the newcomer comes and goes; its log:\n{newcomer.read_text()}")
-    for n, log in ((a, first), (b, same_net)):
-        wait_until(gone(n), 60, f"a crowd leaves; its log:\n{log.read_text()}")
-    said = [log.read_text() for log in (first, same_net, newcomer)]
-    kept = [int(re.search(r"wave1 (\d+)", text).group(1)) for text in said]
-    assert all(swarm.rogues[n].returncode == 0 for n in (a, b, c)), said
-    assert kept[2] == 1, said  # the newcomer from another /24 got in
-    assert kept[0] <= 2 and kept[1] <= 1 and kept[0] + kept[1] <= 2, said  # one made room
-    assert 0 < most <= 4, said  # the dialled peer and 3 dialled to it, never more
+    wait_until(
+        lambda: inbound() >= 0 and swarm.rogues[n].poll() is not None,
+        60,
+        f"the newcomer comes and goes; its log:\n{newcomer.read_text()}",
+    )
+    said = newcomer.read_text()
+    assert swarm.rogues[n].returncode == 0, said
+    assert re.search(r"wave1 1\b", said), said  # the newcomer from another /24 got in
+    assert most == 3, (most, node.child_stats)  # never more than its slots
     assert node.child_stats["inbound_capped"] >= 7
-    assert node.child_stats["inbound_pruned"] >= 1
-    assert hub.peer_id in node.child_stats["links"]
-    assert alive(node) and alive(hub)
+    assert node.child_stats["inbound_pruned"] >= 1  # a crowd member made room
+    assert alive(node)
 
 
 def ban_and_drop_a_rogue(swarm: Swarm, victim: Libp2pTransport, honest: int) -> str:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import ipaddress
 import json
 import sys
@@ -254,13 +255,8 @@ async def persist(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
 
 async def crowd(bootstrap: str, args: argparse.Namespace) -> None:
     info = info_from_p2p_addr(multiaddr.Multiaddr(bootstrap))
-    if args.source:  # the library dials from a chosen address only to punch holes
-        from libp2p.transport.tcp.tcp import TCP
-
-        dial = TCP._dial_resolved
-        TCP._dial_resolved = lambda self, maddr, source=None: dial(
-            self, maddr, source=(args.source, 0)
-        )
+    if args.source:  # the library's dials take no source address: trio's do
+        trio.open_tcp_stream = functools.partial(trio.open_tcp_stream, local_address=args.source)
 
     def held(host) -> bool:
         return bool(host.get_network().get_connections(info.peer_id))

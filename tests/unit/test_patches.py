@@ -259,3 +259,44 @@ def test_a_peer_cannot_get_an_ipv4_mapped_address_admitted_or_handed_out(public:
     assert honest_in  # one with an address elsewhere is admitted
     assert kept == [elsewhere]  # its mapped address was dropped, its public one kept
     assert found == [elsewhere]  # and a lookup is handed no mapped address
+
+
+def test_doctests() -> None:
+    import doctest
+
+    assert doctest.testmod(patches).failed == 0
+
+
+def test_an_address_share_of_slots_is_a_setting_the_network_bounds_its_ips_by() -> None:
+    from sapo_node.config import NetSection
+
+    net = NetSection(max_inbound_per_ip=4, max_inbound_per_net=4)
+    assert (net.max_inbound_per_ip, net.max_inbound_per_net) == (4, 4)
+    with pytest.raises(ValueError, match="max_inbound_per_net \\(2\\) is less than"):
+        NetSection(max_inbound_per_ip=4, max_inbound_per_net=2)
+    with pytest.raises(ValueError):
+        NetSection(max_inbound_per_ip=0)
+
+
+def test_a_peer_that_gives_nothing_makes_room_from_the_network_holding_most() -> None:
+    """patches.least_giving: a mapped address counts in its IPv4 /24, so a crowd seen
+    through a dual-stack listener is one network, not one per address form."""
+    from sapo_node.net import reach
+
+    def at(ip: str, since: float, peer: str) -> patches.Accepted:
+        where = str(reach.judged(ip))
+        return patches.Accepted(where, reach.network_of(where), since, peer, object())
+
+    held = [
+        at("198.18.5.1", 0.0, "lone"),
+        at("::ffff:198.18.7.1", 10.0, "crowd-a"),
+        at("198.18.7.2", 5.0, "crowd-b"),
+    ]
+    assert patches.least_giving(held, 100.0, lambda p: False, 60.0).peer == "crowd-b"
+    assert patches.least_giving(held, 100.0, lambda p: p.startswith("crowd"), 60.0).peer == "lone"
+    assert patches.least_giving(held, 100.0, lambda p: True, 60.0) is None
+    held[2].pruned = True  # being closed for another newcomer already
+    assert patches.least_giving(held, 100.0, lambda p: False, 60.0).peer == "crowd-a"
+    newcomer = patches.Accepted("198.18.7.9", "198.18.7.0/24", 100.0)
+    assert patches.over_cap(held, newcomer, per_ip=1, per_net=2)
+    assert not patches.over_cap(held, newcomer, per_ip=1, per_net=3)
