@@ -274,3 +274,90 @@ def test_a_dial_back_connect_timeout_is_a_setting_that_must_be_positive() -> Non
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="connect timeout must be > 0 s"):
             autonat.SwarmAutoNAT(_Host(), serve=False, connect_s=bad)
+
+
+def test_two_lying_networks_do_not_demote_a_node_a_peer_elsewhere_dialled(monkeypatch) -> None:
+    """AutoNAT (net/autonat.py, verdict): two servers in two /24s (127.0.0.1 and
+    127.0.1.1, real hosts on loopback) answer every dial-back request "failed". A public
+    node that no peer outside the LAN dialled is demoted by them; one that such a peer
+    dialled during the check is not, and one dialled before the check is demoted only
+    once ALONE_S has passed with no peer dialling in. The peer elsewhere is a real
+    connection dialled to the node whose address is then replaced, since loopback is a
+    LAN range."""
+    from types import SimpleNamespace
+
+    import multiaddr
+    import trio
+    from libp2p.host.autonat.pb.autonat_pb2 import Message
+    from libp2p.peer.peerinfo import PeerInfo
+    from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+    from sapo_node.net import autonat
+    from sapo_node.net.network import Network
+    from sapo_node.net.state import STATE
+    from tests.support.rogue import make_host
+
+    def liar(host) -> None:
+        async def answer(stream) -> None:
+            await read_varint_prefixed_bytes_limited(stream, autonat.MAX_MESSAGE)
+            response = Message()
+            response.type = Message.DIAL_RESPONSE
+            response.dialResponse.status = Message.E_DIAL_ERROR
+            await stream.write(encode_varint_prefixed(response.SerializeToString()))
+            await stream.close()
+
+        host.set_stream_handler(autonat.PROTOCOL, answer)
+
+    async def check(outsider: bool, alone_s: float, within_s: float) -> str | None:
+        node_host, outside = make_host(), make_host()
+        liars = [make_host(), make_host()]
+        for host in liars:
+            liar(host)
+        at = lambda ip: [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/0")]  # noqa: E731
+        async with (
+            node_host.run(listen_addrs=at("127.0.0.1")),
+            liars[0].run(listen_addrs=at("127.0.0.1")),
+            liars[1].run(listen_addrs=at("127.0.1.1")),  # another /24
+            outside.run(listen_addrs=at("127.0.0.1")),
+        ):
+            node = SimpleNamespace(
+                host=node_host,
+                autonat=autonat.SwarmAutoNAT(node_host, serve=False),
+                s={"redial_s": 0.2, "autonat_alone_s": alone_s, "autonat_retry_s": 0.5},
+                reachability="public",
+                autonat_answers={},
+                autonat_failed_at=None,
+            )
+            for name in (
+                "_conns",
+                "_autonat_servers",
+                "_ask_dial_back",
+                "_dialled_in_from_outside",
+            ):
+                setattr(node, name, getattr(Network, name).__get__(node))
+            store = node_host.get_peerstore()
+            with trio.fail_after(20):
+                for host in liars:
+                    await node_host.connect(PeerInfo(host.get_id(), host.get_addrs()))
+                    while str(autonat.PROTOCOL) not in (store.get_protocols(host.get_id()) or ()):
+                        await trio.sleep(0.05)
+                if outsider:
+                    await outside.connect(PeerInfo(node_host.get_id(), node_host.get_addrs()))
+                    elsewhere = [multiaddr.Multiaddr("/ip4/198.18.0.9/tcp/4001")]
+                    for conn in node_host.get_network().get_connections(outside.get_id()):
+                        conn.get_transport_addresses = lambda: elsewhere
+            found = None
+            with trio.move_on_after(within_s):
+                found = await Network._ask_until_sure(node)
+            ips = {autonat.network_of(ip) for ip in node.autonat_answers}
+            assert len(ips) == 2 and set(node.autonat_answers.values()) == {autonat.FAILED}
+            return found
+
+    # no peer elsewhere ever dialled it: two networks' failures demote it, as before
+    assert trio.run(check, False, 60.0, 20.0) == "private"
+    # one dialled it during the check: the liars cannot demote it
+    assert trio.run(check, True, 60.0, 20.0) == "public"
+    # one dialled it before the check, none now: unsure until ALONE_S passes, then private
+    monkeypatch.setattr(STATE, "dialled_in_at", 0.0)
+    assert trio.run(check, False, 60.0, 3.0) is None
+    assert trio.run(check, False, 1.0, 20.0) == "private"
