@@ -400,7 +400,8 @@ def guard_swarm(
         with contextlib.suppress(Exception):
             remote = swarm._build_remote_multiaddr(conn)
         ip = reach.ip_of(str(remote)) if remote is not None else None
-        where = str(reach.judged(ip)) if ip and reach.judged(ip) else "unknown"
+        seen = reach.judged(ip) if ip else None  # ::ffff:a.b.c.d counts as a.b.c.d
+        where = str(seen) if seen else "unknown"
         me = Accepted(where, reach.network_of(where), trio.current_time())
         if over_cap(held, me, per_ip, per_net):
             refuse(capped=True)
