@@ -16,6 +16,11 @@ So such a node asks public peers to dial it back, on py-libp2p's AutoNAT v1
   which announced address peers could not dial.
 - at least as many networks dialled it back as failed: it is public, confirmed
   (``/status``: ``autonat``).
+- a node that a peer outside the LAN has dialled directly since it started (while
+  public) needs more: failures are what a liar can give, so it turns private only
+  when, besides, no such peer dialled in for ALONE_S after the first failure (as below),
+  and one that dials in during the check makes it public, whatever the networks say.
+  Two cheap networks that answer "failed" cannot demote a node peers reach.
 - a swarm with a single public node has one network to ask. When it failed, none
   succeeded and for ALONE_S after that answer no peer outside the LAN has connected to
   this node directly (which a peer that could dial it would have done), that one answer
@@ -67,11 +72,12 @@ from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
+from sapo_node.net.reach import network_of  # a server's network (a /24, a /48): one vote
+
 log = structlog.get_logger("sapo_node.net")
 
 PROTOCOL = AUTONAT_PROTOCOL_ID
 AGREE = 2  # networks (a /24, a /48) whose dial-backs failed, that make a node private
-IPV4_PREFIX, IPV6_PREFIX = 24, 48  # a server's network: one vote
 ALONE_S = 120.0  # one network's failure, then this long with no peer dialling in: private
 RECHECK_PRIVATE_S = 600.0  # a node private by AutoNAT asks again this often
 SERVERS = 4  # peers asked in one check
@@ -230,27 +236,25 @@ def dial_candidates(addrs: list[bytes], observed_ip: str | None) -> list[bytes]:
     ]
 
 
-def network_of(ip: str) -> str:
-    """The network a server's IP votes for: its /24 (IPv4) or /48 (IPv6).
-
-    >>> network_of("198.18.4.2"), network_of("2001:db8:1:2::7")
-    ('198.18.4.0/24', '2001:db8:1::/48')
-    """
-    try:
-        addr = ipaddress.ip_address(ip)
-    except ValueError:
-        return ip
-    prefix = IPV4_PREFIX if addr.version == 4 else IPV6_PREFIX
-    return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False))
-
-
-def verdict(answers: Iterable[tuple[str, int]], *, unreached: bool = False) -> str | None:
+def verdict(
+    answers: Iterable[tuple[str, int]],
+    *,
+    unreached: bool = False,
+    dialled_in: bool = False,
+    reached_before: bool = False,
+) -> str | None:
     """The reachability that servers' answers show, as (server IP, status) pairs, each
     network (network_of) voting once, OK if any of its servers dialled back: ``public``
     when at least one network dialled back and as many as failed; ``private`` when more
     failed than dialled back, and at least AGREE did, or one did and ``unreached`` (ALONE_S
     passed since with no peer outside the LAN dialling in); None while unsure (refusals
     and errors count for nothing).
+
+    Failures are what a liar can give; a connection a peer outside the LAN dialled to
+    this node is what it cannot take away. So ``dialled_in`` (one did during the check)
+    makes the node ``public`` whatever the networks say, and a node ``reached_before``
+    (one did since it started) turns private only ``unreached``, however many networks
+    failed: two cheap networks cannot demote it at every check.
 
     >>> verdict([("198.18.0.1", FAILED), ("198.18.1.1", FAILED)])
     'private'
@@ -264,6 +268,11 @@ def verdict(answers: Iterable[tuple[str, int]], *, unreached: bool = False) -> s
     'private'
     >>> verdict([("198.18.0.1", FAILED)]) is None, verdict([("198.18.0.1", FAILED)], unreached=True)
     (True, 'private')
+    >>> two = [("198.18.0.1", FAILED), ("198.18.1.1", FAILED)]
+    >>> verdict(two, dialled_in=True), verdict(two, reached_before=True)
+    ('public', None)
+    >>> verdict(two, reached_before=True, unreached=True)
+    'private'
     """
     votes: dict[str, int] = {}
     for ip, status in answers:
@@ -273,6 +282,8 @@ def verdict(answers: Iterable[tuple[str, int]], *, unreached: bool = False) -> s
     failed = len(votes) - ok
     if ok and ok >= failed:
         return "public"
-    if failed > ok and (failed >= AGREE or (unreached and failed >= 1)):
+    if failed > ok and dialled_in:
+        return "public"
+    if failed > ok and (unreached or (failed >= AGREE and not reached_before)):
         return "private"
     return None

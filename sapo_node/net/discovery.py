@@ -100,7 +100,9 @@ class SwarmDHT(KadDHT):
     speaks, and peers it merely heard of from others. A routing table that holds clients
     hands their addresses to everyone as the closest peers. Here a peer is taken only once
     identify says it serves the DHT, and, by a public node, only with an address outside
-    the LAN ranges (docs/libp2p.md#dht-routing-table)."""
+    the LAN ranges; a peer that lists an IPv4-mapped address is taken by no node: the
+    table hands on every address a peer lists, and a mapped one leads whoever dials it
+    to its own network (docs/libp2p.md#dht-routing-table)."""
 
     def __init__(self, host: Any, mode: DHTMode, *, public: bool) -> None:
         super().__init__(host, mode)
@@ -133,6 +135,8 @@ class SwarmDHT(KadDHT):
                 return False
             addrs = [str(a) for a in store.addrs(peer)]
         except Exception:  # not in the peerstore (yet)
+            return False
+        if any(map(reach.is_mapped_addr, addrs)):
             return False
         if not self.public:
             return bool(addrs)

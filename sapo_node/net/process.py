@@ -98,6 +98,8 @@ class Libp2pTransport:
             "redial_s": net.redial_s,
             "max_peers": net.max_peers,
             "max_connections": net.max_connections,
+            "max_inbound_per_ip": net.max_inbound_per_ip,
+            "max_inbound_per_net": net.max_inbound_per_net,
             "mesh_degree": net.mesh_degree,
             "relay_reservations": net.relay_reservations,
             "relay_circuits": net.relay_circuits,

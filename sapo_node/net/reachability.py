@@ -300,7 +300,11 @@ class ReachabilityBehaviour:
                 break
             try:
                 serves = str(HOP_PROTOCOL_ID) in (store.get_protocols(peer) or ())
-                addrs = [str(a) for a in store.addrs(peer) if not reach.is_lan_addr(str(a))]
+                addrs = [
+                    str(a)
+                    for a in store.addrs(peer)
+                    if not reach.is_lan_addr(str(a)) and not reach.is_mapped_addr(str(a))
+                ]
             except Exception:
                 continue
             if peer in self.relays or not serves or not addrs:
@@ -338,7 +342,7 @@ class ReachabilityBehaviour:
         self.autonat_answers = {}
         asked: dict[ID, float] = {}  # server -> when it was last asked
         again_s = self.s.get("autonat_retry_s", autonat.PEER_EVERY_S)
-        dialled_in = False
+        dialled_in, began = False, time.monotonic()
         while True:
             now = trio.current_time()
             servers = self._autonat_servers()
@@ -351,18 +355,26 @@ class ReachabilityBehaviour:
                 self.autonat_failed_at = trio.current_time()
             # while private, an inbound connection is a hole punch: no evidence
             public = self.reachability == "public"
-            dialled_in = dialled_in or (public and self._dialled_in_from_outside())
+            dialled_in = dialled_in or (public and self._dialled_in_from_outside(began))
             waited = trio.current_time() - (self.autonat_failed_at or math.inf)
             unreached = not dialled_in and waited >= self.s.get("autonat_alone_s", autonat.ALONE_S)
-            found = autonat.verdict(self.autonat_answers.items(), unreached=unreached)
+            found = autonat.verdict(
+                self.autonat_answers.items(),
+                unreached=unreached,
+                dialled_in=dialled_in,
+                reached_before=STATE.dialled_in_at > -math.inf,
+            )
             if found is not None:
                 self.autonat_failed_at = None
                 return found
             await trio.sleep(max(1.0, self.s["redial_s"]))
 
-    def _dialled_in_from_outside(self) -> bool:
+    def _dialled_in_from_outside(self, since: float = math.inf) -> bool:
         """Whether a peer outside the LAN holds a direct connection that it dialled to
-        this node: one that could dial it."""
+        this node, or dialled one since ``since`` (time.monotonic; patches.guard_swarm
+        notes each): one that could dial it."""
+        if STATE.dialled_in_at >= since:
+            return True
         for peer in list(self.host.get_network().connections):
             for conn in self._conns(peer):
                 with contextlib.suppress(Exception):

@@ -8,6 +8,8 @@ record: net/patches.py) with nothing but the host, so it is one object per proce
 
 from __future__ import annotations
 
+import math
+
 from sapo_node.net import reach
 
 
@@ -19,6 +21,8 @@ class Counters:
         self.bytes_in = self.bytes_out = self.published = self.bad_frames = 0
         self.backpressure_waits = 0
         self.inbound_refused = 0  # connections refused at the limits (patches.guard_swarm)
+        self.inbound_capped = 0  # of those, refused at their address's share
+        self.inbound_pruned = 0  # accepted ones closed for a newcomer (they gave nothing)
 
 
 class NetState:
@@ -29,6 +33,9 @@ class NetState:
         self.reachability: reach.Reachability = "public"
         self.relayed: list[str] = []  # its addresses through its relays (a private node's)
         self.unreachable: set[str] = set()  # addresses AutoNAT found peers cannot dial
+        # when (time.monotonic) a peer outside the LAN last dialled this node directly
+        # while it was public (patches.guard_swarm): AutoNAT's evidence of reachability
+        self.dialled_in_at = -math.inf
 
     def shown(self, addrs: list[str], peer_ip: str | None) -> list[str]:
         """The addresses a peer from ``peer_ip`` may see (reach.shown; none that AutoNAT

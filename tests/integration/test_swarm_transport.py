@@ -84,12 +84,13 @@ class Swarm:
         to: Libp2pTransport | list[Libp2pTransport] | None = None,
         port: int = 0,
         pool: PoolSection | None = None,
+        kind: type[Libp2pTransport] = Libp2pTransport,
         **net: object,
     ) -> Libp2pTransport:
         peers = [] if to is None else to if isinstance(to, list) else [to]
         bootstrap = [p.addrs[0] for p in peers]
         section = self.net(bootstrap, port, **net)
-        t = Libp2pTransport(section, pool or PoolSection(), self.root / name)
+        t = kind(section, pool or PoolSection(), self.root / name)
         self.transports.append(t)
         return t
 
@@ -411,6 +412,66 @@ def test_a_crowd_of_identities_holds_no_more_than_max_connections(swarm):
     assert hub.publish(MINIMAL)
     wait_until(lambda: swarm.data_from(node, hub) == [MINIMAL], MSG_S, "the node still hears")
     assert alive(node) and alive(hub)
+
+
+class QuickPrune(Libp2pTransport):
+    """A network process that lets a newcomer take the slot of a peer that gives nothing
+    after a second, not a minute."""
+
+    def _spawn(self) -> None:
+        self.settings["inbound_prune_after_s"] = 1.0
+        super()._spawn()
+
+
+@pytest.mark.timeout(120)
+def test_one_host_holds_its_share_of_slots_and_a_newcomer_elsewhere_still_gets_in(swarm):
+    """docs/libp2p.md#connection-limits: identities dialling from one IP hold at most
+    net.max_inbound_per_ip connections, from one /24 net.max_inbound_per_net; and when
+    every slot is taken, a newcomer from elsewhere takes the slot of a peer that gives
+    nothing. Loopback stands for three hosts: 127.0.0.1 and 127.0.0.2 share a /24,
+    127.0.1.1 is another. Before the caps, the first crowd took every slot and the
+    newcomer was refused."""
+    node = swarm.start(
+        "node",
+        kind=QuickPrune,
+        max_connections=4,  # 3 slots for connections dialled to it (max_peers kept)
+        max_peers=1,
+        relay_reservations=0,
+        max_inbound_per_ip=2,
+        max_inbound_per_net=3,
+    )
+    most = 0
+
+    def inbound() -> int:
+        nonlocal most
+        most = max(most, node.child_stats.get("inbound", 0))
+        return node.child_stats.get("inbound", 0)
+
+    crowd = ["crowd", node, "--count", "5", "--linger", "60", "--source"]
+    first, _ = swarm.rogue(*crowd, "127.0.0.1")
+    same_net, _ = swarm.rogue(*crowd, "127.0.0.2")
+    # 3 of the first crowd refused at its IP's share, 4 of the second at the /24's
+    wait_until(
+        lambda: inbound() == 3 and node.child_stats.get("inbound_capped", 0) >= 7,
+        60,
+        f"the crowds capped; node: {node.child_stats}",
+    )
+    time.sleep(1.5)  # the crowd has had its second: a peer giving nothing may be pruned
+    newcomer, n = swarm.rogue(
+        "crowd", node, "--count", "1", "--linger", "1", "--source", "127.0.1.1"
+    )
+    wait_until(
+        lambda: inbound() >= 0 and swarm.rogues[n].poll() is not None,
+        60,
+        f"the newcomer comes and goes; its log:\n{newcomer.read_text()}",
+    )
+    said = newcomer.read_text()
+    assert swarm.rogues[n].returncode == 0, said
+    assert re.search(r"wave1 1\b", said), said  # the newcomer from another /24 got in
+    assert most == 3, (most, node.child_stats)  # never more than its slots
+    assert node.child_stats["inbound_capped"] >= 7
+    assert node.child_stats["inbound_pruned"] >= 1  # a crowd member made room
+    assert alive(node)
 
 
 def ban_and_drop_a_rogue(swarm: Swarm, victim: Libp2pTransport, honest: int) -> str:
