@@ -1,7 +1,7 @@
 """AutoNAT v1: whether peers elsewhere can really dial this node (issue 30).
 
 A node with an address outside the LAN ranges (a VPS) or a port mapped by its home
-router (UPnP) reads public at start (net/reach.py). A firewall, a cloud security group
+router (UPnP) reads public at start (addresses.py). A firewall, a cloud security group
 or a router that ignores its own mapping can make that false: peers would then dial
 an address that leads nowhere, and the node would serve the DHT and relays to nobody.
 So such a node asks public peers to dial it back, on py-libp2p's AutoNAT v1
@@ -72,7 +72,7 @@ from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
-from sapo_node.net.reach import network_of  # a server's network (a /24, a /48): one vote
+from sapo_node.addresses import network_of  # a server's network (a /24, a /48): one vote
 
 log = structlog.get_logger("sapo_node.net")
 

@@ -26,12 +26,9 @@ from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
+from sapo_node import addresses
 from sapo_node.intake import wire
-from sapo_node.net import (
-    dnsaddr,
-    patches,
-    reach,
-)
+from sapo_node.net import dnsaddr, patches
 from sapo_node.net.patches import DHT_PROTOCOL, LIBRARY_DHT_PROTOCOL
 from sapo_node.net.pubsub import PROTOCOLS
 from sapo_node.net.state import STATE
@@ -119,7 +116,7 @@ class SwarmDHT(KadDHT):
         addrs = [str(a) for p in self.routing_table.get_peer_ids() for a in store.addrs(p)]
         for records in self.provider_store.providers.values():
             addrs += [str(a) for r in records.values() for a in r.addresses]
-        return sum(map(reach.is_lan_addr, addrs))
+        return sum(map(addresses.is_lan_addr, addrs))
 
     def drop_departed(self) -> None:
         """Peers that no longer serve the DHT leave the routing table: a node that AutoNAT
@@ -136,11 +133,11 @@ class SwarmDHT(KadDHT):
             addrs = [str(a) for a in store.addrs(peer)]
         except Exception:  # not in the peerstore (yet)
             return False
-        if any(map(reach.is_mapped_addr, addrs)):
+        if any(map(addresses.is_mapped_addr, addrs)):
             return False
         if not self.public:
             return bool(addrs)
-        return any(reach.ip_of(a) is not None and not reach.is_lan_addr(a) for a in addrs)
+        return any(addresses.ip_of(a) is not None and not addresses.is_lan_addr(a) for a in addrs)
 
 
 def prune_backoff(

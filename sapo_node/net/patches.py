@@ -37,7 +37,8 @@ import multiaddr
 import structlog
 import trio
 
-from sapo_node.net import NetError, reach
+from sapo_node import addresses
+from sapo_node.net import NetError
 from sapo_node.net.state import COUNTERS, STATE
 
 LIBP2P_VERSION = "0.8.1"
@@ -222,7 +223,7 @@ def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool
     """docs/libp2p.md#dht-routing-table: the routing table takes a peer only when
     ``admits`` it (identify says it serves the DHT, from an address others can dial);
     the provider store keeps no IPv4-mapped address, and a public node's none in the LAN
-    ranges (reach.is_lan: judged by the IPv4 address an IPv6 one embeds); and what this
+    ranges (addresses.is_lan: judged by the IPv4 address an IPv6 one embeds); and what this
     node provides shows only what a stranger may see."""
     from libp2p.peer.peerinfo import PeerInfo
 
@@ -238,9 +239,9 @@ def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool
         return await library_add(peer, skip_server_mode_check=True)
 
     def add_provider(key: bytes, provider: Any) -> None:
-        addrs = [a for a in provider.addrs if not reach.is_mapped_addr(str(a))]
+        addrs = [a for a in provider.addrs if not addresses.is_mapped_addr(str(a))]
         if public():
-            addrs = [a for a in addrs if not reach.is_lan_addr(str(a))]
+            addrs = [a for a in addrs if not addresses.is_lan_addr(str(a))]
         if addrs:
             library_provide(key, PeerInfo(provider.peer_id, addrs))
 
@@ -289,7 +290,7 @@ def connection_config(max_connections: int, dialled: int) -> Any:
 @dataclass(eq=False)  # each is one connection: found by identity
 class Accepted:
     """A connection dialled to this node, from when it is accepted until it closes:
-    where from (its IP as reach.judged writes it, and reach.network_of), since when,
+    where from (its IP as addresses.judged writes it, and addresses.network_of), since when,
     and, once the handshake named it, its peer and swarm connection."""
 
     ip: str
@@ -304,7 +305,7 @@ def over_cap(held: list[Accepted], new: Accepted, per_ip: int | None, per_net: i
     """Whether ``new`` would pass its address's share of the accepted connections:
     ``per_ip`` from one IP, ``per_net`` from one /24 or /48 (None: no cap).
 
-    >>> at = lambda ip: Accepted(ip, reach.network_of(ip), 0.0)
+    >>> at = lambda ip: Accepted(ip, addresses.network_of(ip), 0.0)
     >>> held = [at("198.18.0.1"), at("198.18.0.2")]
     >>> over_cap(held, at("198.18.0.1"), 1, 8), over_cap(held, at("198.18.0.3"), 1, 2)
     (True, True)
@@ -326,7 +327,7 @@ def least_giving(
     had ``after_s`` to; of those, one from the network (/24, /48) that holds the most,
     the oldest first. None when every one gives or is too new.
 
-    >>> old = lambda ip, t, peer: Accepted(ip, reach.network_of(ip), t, peer, object())
+    >>> old = lambda ip, t, peer: Accepted(ip, addresses.network_of(ip), t, peer, object())
     >>> held = [old("198.18.0.1", 0.0, "a"), old("198.18.1.1", 5.0, "b")]
     >>> held.append(old("198.18.1.2", 9.0, "c"))
     >>> least_giving(held, 100.0, lambda p: False, 60.0).peer  # the /24 holding two
@@ -357,7 +358,7 @@ def guard_swarm(
     while it lives (the library's handler holds it until the swarm stops, so a node that
     had accepted its share, in all its life, accepted no more). One IP holds at most
     ``per_ip`` accepted connections and one /24 or /48 ``per_net`` (an IPv6 address
-    that embeds an IPv4 one counts as it: reach.network_of), so that one host with many
+    that embeds an IPv4 one counts as it: addresses.network_of), so that one host with many
     identities cannot take every slot. When every slot is taken, a newcomer takes the
     slot of a peer that gives nothing (:func:`least_giving`). A connection refused for
     want of a slot, at ``max_connections`` or at its address's cap is counted
@@ -414,10 +415,10 @@ def guard_swarm(
         remote = None
         with contextlib.suppress(Exception):
             remote = swarm._build_remote_multiaddr(conn)
-        ip = reach.ip_of(str(remote)) if remote is not None else None
-        seen = reach.judged(ip) if ip else None  # ::ffff:a.b.c.d counts as a.b.c.d
+        ip = addresses.ip_of(str(remote)) if remote is not None else None
+        seen = addresses.judged(ip) if ip else None  # ::ffff:a.b.c.d counts as a.b.c.d
         where = str(seen) if seen else "unknown"
-        me = Accepted(where, reach.network_of(where), trio.current_time())
+        me = Accepted(where, addresses.network_of(where), trio.current_time())
         if over_cap(held, me, per_ip, per_net):
             refuse(capped=True)
             with contextlib.suppress(Exception):
@@ -440,7 +441,7 @@ def guard_swarm(
                 for live in swarm.get_connections(muxed.peer_id):
                     if live.muxed_conn is muxed:
                         me.peer, me.conn = muxed.peer_id, live
-                        if STATE.reachability == "public" and ip and not reach.is_lan(ip):
+                        if STATE.reachability == "public" and ip and not addresses.is_lan(ip):
                             STATE.dialled_in_at = time.monotonic()
                         await live.event_closed.wait()
                         break
@@ -505,7 +506,7 @@ def _replacements() -> dict[str, Any]:
         """The library's identify message, with the addresses this peer may see."""
         message = identify(host, observed)
         addrs = [str(multiaddr.Multiaddr(a)) for a in message.listen_addrs]
-        keep = STATE.shown(addrs, reach.ip_of(str(observed)) if observed else None)
+        keep = STATE.shown(addrs, addresses.ip_of(str(observed)) if observed else None)
         if keep != addrs:
             del message.listen_addrs[:]
             message.listen_addrs.extend(multiaddr.Multiaddr(a).to_bytes() for a in keep)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from sapo_node.net import reach
+from sapo_node import addresses
 
 
 class Counters:
@@ -30,7 +30,7 @@ class NetState:
     (docs/libp2p.md#addresses-shown-to-peers)."""
 
     def __init__(self) -> None:
-        self.reachability: reach.Reachability = "public"
+        self.reachability: addresses.Reachability = "public"
         self.relayed: list[str] = []  # its addresses through its relays (a private node's)
         self.unreachable: set[str] = set()  # addresses AutoNAT found peers cannot dial
         # when (time.monotonic) a peer outside the LAN last dialled this node directly
@@ -38,11 +38,11 @@ class NetState:
         self.dialled_in_at = -math.inf
 
     def shown(self, addrs: list[str], peer_ip: str | None) -> list[str]:
-        """The addresses a peer from ``peer_ip`` may see (reach.shown; none that AutoNAT
+        """The addresses a peer from ``peer_ip`` may see (addresses.shown; none that AutoNAT
         found unreachable), then the relayed ones, which anyone may."""
         addrs = [a for a in addrs if a.split("/p2p/")[0] not in self.unreachable]
         relayed = [a for a in self.relayed if a not in addrs]
-        return reach.shown(self.reachability, addrs, peer_ip) + relayed
+        return addresses.shown(self.reachability, addrs, peer_ip) + relayed
 
 
 COUNTERS = Counters()

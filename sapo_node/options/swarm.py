@@ -14,9 +14,9 @@ from pydantic import (
     model_validator,
 )
 
+from sapo_node.addresses import ip_of, is_mapped_addr, judged
 from sapo_node.dialaddr import parse as parse_bootstrap
 from sapo_node.dialaddr import parse_nameserver
-from sapo_node.net.reach import ip_of, is_mapped_addr, judged
 from sapo_node.options.base import DEFAULT_STATUS_LISTEN, SWARM_NAME, _Section, parse_host_port
 
 # a DNS name as a Host header gives it, lower case, without port or final dot

@@ -20,7 +20,7 @@ SUBPACKAGES = ("train", "intake", "net", "ops")  # those whose files the layout 
 # the rest of intake/ sits above it. Units of one layer do not know each other: the
 # peer-checking intake/ and the training train/ stay apart.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("atomic", "dialaddr", "logs", "metrics", "samples", "safe_verifiers", "sandbox"),
+    ("addresses", "atomic", "dialaddr", "logs", "metrics", "samples", "safe_verifiers", "sandbox"),
     ("checkpoint", "tasks"),
     ("datadir", "intake.wire"),
     ("options",),

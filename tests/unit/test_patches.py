@@ -302,11 +302,11 @@ def test_an_address_share_of_slots_is_a_setting_the_network_bounds_its_ips_by() 
 def test_a_peer_that_gives_nothing_makes_room_from_the_network_holding_most() -> None:
     """patches.least_giving: a mapped address counts in its IPv4 /24, so a crowd seen
     through a dual-stack listener is one network, not one per address form."""
-    from sapo_node.net import reach
+    from sapo_node import addresses
 
     def at(ip: str, since: float, peer: str) -> patches.Accepted:
-        where = str(reach.judged(ip))
-        return patches.Accepted(where, reach.network_of(where), since, peer, object())
+        where = str(addresses.judged(ip))
+        return patches.Accepted(where, addresses.network_of(where), since, peer, object())
 
     held = [
         at("198.18.5.1", 0.0, "lone"),

@@ -1,4 +1,4 @@
-"""Reachability and the addresses a peer may see (sapo_node/net/reach.py)."""
+"""Reachability and the addresses a peer may see (sapo_node/addresses.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import doctest
 
 import pytest
 
-from sapo_node.net import reach
+from sapo_node import addresses
 
 
 def test_doctests() -> None:
     from sapo_node.net import autonat
 
-    assert doctest.testmod(reach).failed == 0
+    assert doctest.testmod(addresses).failed == 0
     assert doctest.testmod(autonat).failed == 0
 
 
@@ -37,13 +37,13 @@ def test_doctests() -> None:
 def test_an_address_that_embeds_ipv4_is_judged_by_it(ip: str, lan: bool) -> None:
     from sapo_node.net.autonat import network_of
 
-    assert reach.is_lan(ip) is lan
-    assert reach.is_lan_addr(f"/ip6/{ip}/tcp/4141") is lan
-    embedded = reach.judged(ip)
+    assert addresses.is_lan(ip) is lan
+    assert addresses.is_lan_addr(f"/ip6/{ip}/tcp/4141") is lan
+    embedded = addresses.judged(ip)
     if embedded.version == 4:  # one /24 with the IPv4 address, however it is written
         assert network_of(ip) == network_of(str(embedded))
     mine = ["/ip4/192.168.1.20/tcp/4141"]
-    assert (reach.shown("private", mine, ip) == mine) is lan  # its LAN sees its LAN addresses
+    assert (addresses.shown("private", mine, ip) == mine) is lan  # its LAN sees its LAN addresses
 
 
 def test_ipv4_mapped_addresses_vote_apart_and_are_never_shown() -> None:
@@ -54,11 +54,16 @@ def test_ipv4_mapped_addresses_vote_apart_and_are_never_shown() -> None:
     assert verdict([("::ffff:198.18.0.1", FAILED), ("198.18.0.2", FAILED)]) is None  # one /24
     mapped = "/ip6/::ffff:198.18.0.2/tcp/4141"
     for state in ("public", "private", "local"):
-        assert reach.shown(state, [mapped, "/ip4/198.18.0.2/tcp/4141"], "198.18.0.9") == [
+        assert addresses.shown(state, [mapped, "/ip4/198.18.0.2/tcp/4141"], "198.18.0.9") == [
             "/ip4/198.18.0.2/tcp/4141"
         ]
-    assert reach.is_mapped_addr(mapped) and not reach.is_mapped_addr("/ip4/198.18.0.2/tcp/1")
-    assert reach.explain("auto", [], ["/ip6/::ffff:127.0.0.1/tcp/4141"]) == ("local", "loopback")
+    assert addresses.is_mapped_addr(mapped) and not addresses.is_mapped_addr(
+        "/ip4/198.18.0.2/tcp/1"
+    )
+    assert addresses.explain("auto", [], ["/ip6/::ffff:127.0.0.1/tcp/4141"]) == (
+        "local",
+        "loopback",
+    )
 
 
 def test_an_ipv4_mapped_announce_address_is_refused_with_the_ipv4_one_to_give() -> None:
@@ -85,8 +90,8 @@ def test_an_ipv4_mapped_announce_address_is_refused_with_the_ipv4_one_to_give() 
 def test_decide(
     setting: str, announce: list[str], addrs: list[str], expected: str, reason: str
 ) -> None:
-    assert reach.decide(setting, announce, addrs) == expected
-    assert reach.explain(setting, announce, addrs) == (expected, reason)
+    assert addresses.decide(setting, announce, addrs) == expected
+    assert addresses.explain(setting, announce, addrs) == (expected, reason)
 
 
 def test_a_private_node_shows_outsiders_no_lan_address() -> None:
@@ -95,13 +100,13 @@ def test_a_private_node_shows_outsiders_no_lan_address() -> None:
         "/ip6/fe80::1/tcp/4141",
         "/ip4/198.51.100.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit",  # a relayed address
     ]
-    outside = reach.shown("private", mine, "198.18.0.1")
+    outside = addresses.shown("private", mine, "198.18.0.1")
     assert outside == ["/ip4/198.51.100.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"]
-    assert reach.shown("private", mine, None) == outside  # unknown: treated as outside
-    assert reach.shown("private", mine, "192.168.1.9") == mine  # its LAN sees everything
-    assert reach.shown("private", mine, "127.0.0.1") == mine
-    assert reach.shown("public", mine, "198.18.0.1") == mine
-    assert reach.shown("local", mine, "198.18.0.1") == mine
+    assert addresses.shown("private", mine, None) == outside  # unknown: treated as outside
+    assert addresses.shown("private", mine, "192.168.1.9") == mine  # its LAN sees everything
+    assert addresses.shown("private", mine, "127.0.0.1") == mine
+    assert addresses.shown("public", mine, "198.18.0.1") == mine
+    assert addresses.shown("local", mine, "198.18.0.1") == mine
 
 
 def test_the_signed_peer_record_of_a_private_node_holds_no_lan_address(monkeypatch) -> None:
@@ -238,19 +243,19 @@ def test_ranges_counted_as_lan_make_a_node_private_and_hide_its_addresses() -> N
     """net.lan_ranges: a network numbered out of other space (here 198.19/16, as the
     namespace tests number their home LANs) counts as LAN, as RFC 1918 does."""
     mine = ["/ip4/198.19.1.2/tcp/4141"]
-    assert reach.explain("auto", [], mine) == ("public", "address")
-    reach.count_as_lan(["198.19.0.0/16", "fd00:1::/64"])
+    assert addresses.explain("auto", [], mine) == ("public", "address")
+    addresses.count_as_lan(["198.19.0.0/16", "fd00:1::/64"])
     try:
-        assert reach.explain("auto", [], mine) == ("private", "nat")
-        assert reach.shown("private", mine, "198.18.0.1") == []
-        assert reach.shown("private", mine, "198.19.1.9") == mine  # its LAN sees it
-        assert reach.is_lan("fd00:1::5") and not reach.is_lan("198.18.0.1")
-        assert reach.is_lan("10.0.0.5")  # the built-in ranges still count
+        assert addresses.explain("auto", [], mine) == ("private", "nat")
+        assert addresses.shown("private", mine, "198.18.0.1") == []
+        assert addresses.shown("private", mine, "198.19.1.9") == mine  # its LAN sees it
+        assert addresses.is_lan("fd00:1::5") and not addresses.is_lan("198.18.0.1")
+        assert addresses.is_lan("10.0.0.5")  # the built-in ranges still count
     finally:
-        reach.count_as_lan([])
-    assert not reach.is_lan("198.19.1.2")
+        addresses.count_as_lan([])
+    assert not addresses.is_lan("198.19.1.2")
     with pytest.raises(ValueError):
-        reach.count_as_lan(["198.19.0.1/16"])  # host bits set
+        addresses.count_as_lan(["198.19.0.1/16"])  # host bits set
 
 
 class _Host:
