@@ -91,7 +91,7 @@ class SwarmScorer(PeerScorer):
 
     py-libp2p charges the forwarder of a refused message once for each entry of the
     message's topic list, which the author chooses and signs: with ``[A, A]`` each
-    refusal cost an honest relay twice, and the excuse covered one entry (issue 46).
+    refusal cost an honest relay twice, and the excuse covered one entry.
     A charge lands on a topic this node joined (its home topic if the message's is not
     one), so that it counts in the score the ban reads."""
 
@@ -210,7 +210,7 @@ class SwarmPubsub(Pubsub):
     # queueing an IDONTWANT for every message to it, and nothing drained the queue. When
     # the peer then disconnects, ``_handle_dead_peer`` returns early for a peer without a
     # stream, so that state stayed for good; at half the queue full, backpressure held
-    # every own publish 10 s, and own publishing stopped (issue 11). So a ban and a
+    # every own publish 10 s, and own publishing stopped. So a ban and a
     # disconnect both end in ``forget_peer``.
 
     def forget_peer(self, peer: ID) -> Any:
