@@ -42,10 +42,12 @@ from sapo_node.net import NetError
 from sapo_node.net.state import COUNTERS, STATE
 
 LIBP2P_VERSION = "0.8.1"
-OUTBOUND_QUEUE = 512  # RPCs per peer (docs/libp2p.md#outbound-queues; the library's: 32)
+# RPCs a peer's outbound queue holds: the library's 32 dropped a burst beyond them,
+# silently (docs/libp2p.md#outbound-queues).
+OUTBOUND_QUEUE = 512
 # The swarm's DHT protocol id (protocol/SPEC.md section 2, *Discovery*), for the library's
-# IPFS one: on that, the swarm's DHT joined the public IPFS DHT (docs/libp2p.md#the-dhts-
-# protocol-id).
+# IPFS one: on that, the swarm's DHT joined the public IPFS DHT.
+# docs/libp2p.md#the-dhts-protocol-id
 DHT_PROTOCOL = "/sapo/kad/1.0.0"
 LIBRARY_DHT_PROTOCOL = "/ipfs/kad/1.0.0"
 DOCS = "docs/libp2p.md#patches"

@@ -83,8 +83,8 @@ def fix_mmap_threshold() -> bool:
     after which tensors of up to 32 MiB come from the heap. A round allocates and frees
     tensors of changing sizes among long-lived ones (gradients, the optimiser's state,
     oneDNN's kernels); in the heap their freed space is kept but rarely fits the next
-    round's tensors, and the resident size rose round after round (with a 1 MiB threshold,
-    100 MiB of free heap after a few training steps, still growing; docs/benchmarks.md).
+    round's tensors, and the resident size rose round after round (even with a 1 MiB
+    threshold the free heap kept growing over training steps; docs/benchmarks.md).
     Fixing the threshold at its initial value stops the adjustment. glibc's own
     ``MALLOC_MMAP_THRESHOLD_`` variable, if set, wins. Elsewhere (musl, macOS) nothing is
     done. It is a setting of the process, not of a node, so the programs that run nodes
@@ -129,11 +129,12 @@ def cap_kernel_caches() -> dict[str, str]:
     (``KERNEL_CACHE_CAPS``), each only where the environment does not set it; logged.
     Returns the values that hold.
 
-    Both libraries read their variable once, at their first product in the process
-    (measured with torch 2.13: set after ``import torch`` but before any product, the cap
-    holds; set after one, it does not), so the programs that run nodes call this first,
-    before a model computes (``run_node``; the experiment runner and the scripts, once
-    for all their nodes). Importing ``sapo_node`` changes nothing.
+    Both libraries read their variable once, at their first product in the process (set
+    after ``import torch`` but before any product, the cap holds; set after one, it does
+    not: docs/benchmarks.md has the measurement and its torch version), so the programs
+    that run nodes call this first, before a model computes (``run_node``; the
+    experiment runner and the scripts, once for all their nodes). Importing
+    ``sapo_node`` changes nothing.
     """
     ours = {k: v for k, v in KERNEL_CACHE_CAPS.items() if k not in os.environ}
     os.environ.update(ours)
