@@ -7,8 +7,8 @@ runs a relay or a node:
 - a node: its data directory locked and its ports checked (before anything heavy is
   imported, so a second node on the directory or a busy port is refused at once), the
   status endpoint bound, the libp2p transport started in a thread while the ``Node`` is
-  built (``Joining``: the node is in the swarm, and keeps what peers send, while its
-  model loads), then rounds until the stop event or the configured total; endpoint,
+  built (``TransportInBackground``: the node is in the swarm, and keeps what peers send,
+  while its model loads), then rounds until the stop event or the configured total; endpoint,
   node and transport are closed in ``finally``;
 - a relay (``--no-train`` alone): the data directory locked, the transport started, and
   a line of its traffic logged every 10 s until stopped.
@@ -165,17 +165,17 @@ def run_node(cfg: Config, stop: threading.Event) -> None:
     fix_mmap_threshold()
     # The network process starts while the model loads: the node joins the swarm and
     # takes in peers' groups meanwhile (its inbox keeps them for the first round).
-    joining = Joining(cfg, data_dir) if cfg.net.enabled else None
+    opening = TransportInBackground(cfg, data_dir) if cfg.net.enabled else None
     node = None
     try:
         node = _build(cfg, stop, lock)
-        if joining is not None:
-            node.transport = joining.transport()
+        if opening is not None:
+            node.transport = opening.transport()
     except BaseException:
         if endpoint is not None:  # bound before the build; nobody else would close it
             endpoint.close()
-        if joining is not None:
-            joining.close()
+        if opening is not None:
+            opening.close()
         if node is not None:
             node.close()
         raise
@@ -227,7 +227,7 @@ def _build(cfg: Config, stop: threading.Event, lock: Any) -> Any:
         raise NodeFailed(str(exc)) from None
 
 
-class Joining:
+class TransportInBackground:
     """``open_transport`` in a thread, begun now: ``transport()`` waits for it and
     returns it, or raises what it raised; ``close()`` closes it once it is up, whatever
     became of it (a node whose model failed to load leaves no network process behind)."""
