@@ -524,6 +524,9 @@ class PubsubBehaviour:
         )
         self.scorer = SwarmScorer(self.gossipsub.scorer.params, self.topics)
         self.gossipsub.scorer = self.scorer
+        # The default message id (author + seqno) is kept: the library's message cache
+        # ignores a custom id function, and SPEC section 2 requires the default of every
+        # implementation so that gossip recovery works between them.
         self.pubsub = SwarmPubsub(
             self.host,
             self.gossipsub,
@@ -531,9 +534,7 @@ class PubsubBehaviour:
             max_inbound_rpc_size=INBOUND_RPC_LIMIT,
             seen_ttl=SEEN_TTL_S,
             validation_cache_size=4096,
-        )  # the default message id (author + seqno) is kept: the library's message cache
-        # ignores a custom id function, and SPEC section 2 requires the default of every
-        # implementation so that gossip recovery works between them
+        )
         patches.check_state(self.pubsub, patches.PUBSUB_STATE, "Pubsub")
         patches.check_state(self.gossipsub, patches.ROUTER_STATE, "GossipSub")
         patches.check_state(self.scorer, patches.SCORER_STATE, "PeerScorer")
