@@ -3,7 +3,7 @@
 For each swarm size N (``--nodes 4,8,16,24``), a fresh swarm of N lightweight members on
 127.0.0.1: real :class:`sapo_node.net.process.Libp2pTransport` network processes
 (py-libp2p GossipSub, DHT, default limits, mDNS off) without models, held by this one
-process, each publishing valid wire groups (``bench_swarm.group_bytes``: 8 completions,
+process, each publishing valid wire groups (``scripts/support/messages.py``: 8 completions,
 about 2.4 KB) at a node's pace: ``--groups`` g at once every ``--round-s`` R seconds,
 the members' rounds spread evenly over R. Node i bootstraps to node 0 and node i-1; the
 DHT finds the rest. After the meshes settle, ``--seconds`` of publishing are measured:
@@ -52,18 +52,21 @@ from typing import Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_swarm import LOOPBACK, POLL_S, Ledger, Swarm, completions, group_bytes, load  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sapo_node.config import NetSection, PoolSection  # noqa: E402
 from sapo_node.net import NetError  # noqa: E402
 from sapo_node.net.process import Libp2pTransport  # noqa: E402
+from scripts.support.loopback import loopback_net  # noqa: E402
+from scripts.support.measure import load  # noqa: E402
+from scripts.support.messages import completions, group_bytes  # noqa: E402
+from scripts.support.swarm_load import POLL_S, Ledger, Swarm, paced_publisher  # noqa: E402
 
 
 class ScaleSwarm(Swarm):
     """N transports in this process, node i bootstrapped to node 0 and node i-1; its own
-    start-up and settling, bench_swarm's ``poll`` and ``close``."""
+    start-up and settling, the benchmark swarm's ``poll`` and ``close``
+    (scripts/support/swarm_load.py)."""
 
     def __init__(self, root: Path, args: argparse.Namespace, shards: int) -> None:
         self.root, self.args, self.shards = root, args, shards
@@ -75,12 +78,10 @@ class ScaleSwarm(Swarm):
         extra: dict[str, Any] = {}
         if self.shards > 1:
             extra = {"shards": self.shards, "shards_joined": self.args.shards_joined}
-        return NetSection(
-            listen=[LOOPBACK],
-            mdns=False,
+        return loopback_net(
+            "scale",
+            bootstrap,
             redial_s=self.args.redial_s,
-            swarm="scale",
-            bootstrap=bootstrap,
             mesh_degree=self.args.mesh_degree,
             **extra,
         )
@@ -131,28 +132,6 @@ def cpu(pid: int) -> float:
     return times.user + times.system
 
 
-def publisher(
-    ledger: Ledger,
-    t: Libp2pTransport,
-    node: int,
-    texts: tuple[str, ...],
-    groups: int,
-    every_s: float,
-    offset_s: float,
-    stop: threading.Event,
-) -> None:
-    """``groups`` groups at once every ``every_s``, as a node does each round."""
-    seq = 0
-    if stop.wait(offset_s):
-        return
-    while True:
-        for _ in range(groups):
-            ledger.publish(t, node, seq, texts)
-            seq += 1
-        if stop.wait(every_s):
-            return
-
-
 def start_publishers(
     swarm: ScaleSwarm, args: argparse.Namespace, ledger: Ledger, stop: threading.Event
 ) -> list[threading.Thread]:
@@ -162,7 +141,7 @@ def start_publishers(
     texts = [completions(random.Random(i)) for i in range(n)]
     threads = [
         threading.Thread(
-            target=publisher,
+            target=paced_publisher,
             args=(ledger, t, i, texts[i], args.groups, args.round_s, args.round_s * i / n, stop),
             daemon=True,
         )
