@@ -22,9 +22,11 @@ if str(REPO) not in sys.path:
 
 from sapo_node.intake import wire  # noqa: E402
 from sapo_node.intake.wire import Rejection, RolloutGroup  # noqa: E402
+from sapo_node.tasks import TaskRef, canonical_json  # noqa: E402
 from scripts.support.vectors import (  # noqa: E402
     ARITHMETIC,
     CREATED_MS,
+    MODEL,
     Invalid,
     Valid,
     bytes_and_schema_vectors,
