@@ -84,3 +84,33 @@ def cpu_seconds(proc: psutil.Process, threads: set[int] | None = None) -> float:
         t = proc.cpu_times()
         return t.user + t.system
     return sum(th.user_time + th.system_time for th in proc.threads() if th.id in threads)
+
+
+def glibc_heap() -> tuple[float, float] | None:
+    """glibc's main heap (MiB): in use, free but kept (``mallinfo2``); None elsewhere."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in [
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            ]
+        ]
+
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return info.uordblks / 2**20, info.fordblks / 2**20
