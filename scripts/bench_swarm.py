@@ -37,7 +37,6 @@ Usage: python scripts/bench_swarm.py [--nodes 8] [--seconds 20] [--log FILE]
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -55,6 +54,7 @@ if str(REPO) not in sys.path:
 from sapo_node.config import PoolSection  # noqa: E402
 from scripts.support.measure import load, ms, pct  # noqa: E402
 from scripts.support.messages import completions, group_bytes  # noqa: E402
+from scripts.support.procs import stderr_to  # noqa: E402
 from scripts.support.swarm_load import (  # noqa: E402
     POLL_S,
     Ledger,
@@ -412,21 +412,32 @@ def trainer_settings(args: argparse.Namespace, root: Path) -> dict:
     }
 
 
+def bench_trainer(
+    args: argparse.Namespace,
+    trainer: TrainingNode,
+    swarm: Swarm,
+    params: int,
+    texts: list[tuple[str, ...]],
+) -> None:
+    """d. the last node leaves; the training node takes its place, trains and reports."""
+    trainer.join(swarm, args.settle_s)
+    every_s, groups = args.train_every_s, args.train_groups
+    rows = bench_training(swarm, trainer.conn, args.train_seconds, groups, every_s, texts)
+    report_training(rows, params, args.train_sequences, groups, every_s, len(swarm.nodes))
+
+
 def main() -> None:
     args = parse_args()
     began = time.perf_counter()
-    saved_stderr = os.dup(2)
-    log = open(args.log, "w")  # noqa: SIM115 -- closed in finally
-    os.dup2(log.fileno(), 2)
-    from sapo_node.logs import configure_logging
-
-    configure_logging()
     texts = [completions(random.Random(i)) for i in range(args.nodes)]
     swarms: list[Swarm] = []
     trainer = TrainingNode()
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-swarm-") as tmp:
-            root = Path(tmp)
+    with stderr_to(args.log), tempfile.TemporaryDirectory(prefix="bench-swarm-") as tmp:
+        from sapo_node.logs import configure_logging
+
+        configure_logging()
+        root = Path(tmp)
+        try:
             import sapo_node
 
             print(
@@ -455,20 +466,11 @@ def main() -> None:
             report_sustained(sustained)
             report_bytes(latencies, sustained)
             if trainer.proc is not None:  # d. the training node takes the last node's place
-                trainer.join(swarm, args.settle_s)
-                every_s, groups = args.train_every_s, args.train_groups
-                rows = bench_training(
-                    swarm, trainer.conn, args.train_seconds, groups, every_s, texts
-                )
-                others = len(swarm.nodes)
-                report_training(rows, params, args.train_sequences, groups, every_s, others)
-    finally:
-        trainer.stop()
-        for s in swarms:
-            s.close()
-        sys.stderr.flush()
-        os.dup2(saved_stderr, 2)
-        log.close()
+                bench_trainer(args, trainer, swarm, params, texts)
+        finally:
+            trainer.stop()
+            for s in swarms:
+                s.close()
     print(f"total {time.perf_counter() - began:.0f} s; load average {load()}")
 
 

@@ -7,6 +7,8 @@ import ctypes
 import json
 import os
 import signal
+import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -50,3 +52,18 @@ def event_time(event: dict) -> float | None:
     with contextlib.suppress(KeyError, TypeError, ValueError):
         return datetime.fromisoformat(event["timestamp"]).timestamp()
     return None
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path) -> Iterator[None]:
+    """This process's standard error (file descriptor 2, so the network processes' too)
+    into ``path`` for the block, off the report on stdout; then back."""
+    saved = os.dup(2)
+    with open(path, "w") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
