@@ -65,6 +65,45 @@ def ranks(trainer: Trainer, samples) -> None:
         _per_token(mb, states, _with_head(grpo.token_ranks, head))
 
 
+def compare_gradients(ways: dict, start: tuple, batches: dict, tokens: dict) -> tuple[float, float]:
+    """The gradients of the whole batch both ways, from ``start``: their largest difference
+    and the largest gradient; each way's row tokens of every batch added to ``tokens``."""
+    grads = {}
+    for w, trainer in ways.items():
+        trainer.policy.load_trainable_state(start[0])
+        b = batches["whole"]
+        trainer.gradients(b.samples, batch_rows=b.batch_rows, batch_tokens=b.batch_tokens)
+        grads[w] = [p.grad.clone() for p in trainer.policy.trainable_parameters()]
+        for c, batch in batches.items():
+            tokens[c][w] += row_tokens(trainer, batch.samples)
+    worst, largest = 0.0, 0.0
+    for a, b in zip(grads["shared"], grads["each row"], strict=True):
+        worst = max(worst, float((a - b).abs().max()))
+        largest = max(largest, float(b.abs().max()))
+    return worst, largest
+
+
+def time_steps(
+    ways: dict, start: tuple, batches: dict, checked: list, repeats: int, seconds: dict
+) -> None:
+    """Each way's training step on each batch from ``start``, and its ranks of ``checked``,
+    ``repeats`` times, the ways' order reversed every repeat; seconds added to ``seconds``."""
+    for rep in range(repeats):
+        for w in list(ways)[:: 1 if rep % 2 else -1]:
+            trainer = ways[w]
+            for c, batch in batches.items():
+                trainer.policy.load_trainable_state(start[0])
+                trainer.optimizer.load_state_dict(copy.deepcopy(start[1]))
+                t0 = time.perf_counter()
+                trainer.step(
+                    batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
+                )
+                seconds[c][w].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ranks(trainer, checked)
+            seconds["ranks"][w].append(time.perf_counter() - t0)
+
+
 def main() -> None:
     args = parser(__doc__, 4).parse_args()
     with tempfile.TemporaryDirectory() as cache:
@@ -94,35 +133,11 @@ def main() -> None:
                     four[:2] + peers, "std", external_completions=2, rng=random.Random(step)
                 ),
             }
-            grads = {}
-            for w, trainer in ways.items():
-                policy.load_trainable_state(start[0])
-                b = batches["whole"]
-                trainer.gradients(b.samples, batch_rows=b.batch_rows, batch_tokens=b.batch_tokens)
-                grads[w] = [p.grad.clone() for p in policy.trainable_parameters()]
-                for c, batch in batches.items():
-                    tokens[c][w] += row_tokens(trainer, batch.samples)
-            for a, b in zip(grads["shared"], grads["each row"], strict=True):
-                worst = max(worst, float((a - b).abs().max()))
-                largest = max(largest, float(b.abs().max()))
+            diff, scale = compare_gradients(ways, start, batches, tokens)
+            worst, largest = max(worst, diff), max(largest, scale)
             checked = [s for s in batches["whole"].samples if s.prompt_ids in
                        (four[2].prompt_ids, four[3].prompt_ids)]  # fmt: skip
-            for rep in range(args.repeats):
-                for w in list(ways)[:: 1 if rep % 2 else -1]:
-                    trainer = ways[w]
-                    for c, batch in batches.items():
-                        policy.load_trainable_state(start[0])
-                        trainer.optimizer.load_state_dict(copy.deepcopy(start[1]))
-                        t0 = time.perf_counter()
-                        trainer.step(
-                            batch.samples,
-                            batch_rows=batch.batch_rows,
-                            batch_tokens=batch.batch_tokens,
-                        )
-                        seconds[c][w].append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    ranks(trainer, checked)
-                    seconds["ranks"][w].append(time.perf_counter() - t0)
+            time_steps(ways, start, batches, checked, args.repeats, seconds)
     report = {"model": args.model, "steps": steps}
     for c in cases:
         a, b = (statistics.median(seconds[c][w]) for w in ways)
@@ -130,9 +145,7 @@ def main() -> None:
         if c in tokens:
             report[c]["row_tokens_shared"] = tokens[c]["shared"]
             report[c]["row_tokens_each_row"] = tokens[c]["each row"]
-    report["grad_max_abs_diff"] = worst
-    report["grad_max_abs"] = largest
-    print(json.dumps(report))
+    print(json.dumps(report | {"grad_max_abs_diff": worst, "grad_max_abs": largest}))
 
 
 if __name__ == "__main__":

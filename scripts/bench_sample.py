@@ -35,6 +35,31 @@ from bench_merge import parser, trainer_and_groups  # noqa: E402
 from sapo_node.groups import training_set  # noqa: E402
 
 
+def report(args, ks: list[int], seconds: dict, sequences: dict, used: list) -> dict:
+    """The figures: the groups' sizes, and per k its sequences and median step seconds,
+    against every completion's (k = 0)."""
+    all_s = statistics.median(seconds[0])
+    return {
+        "model": args.model,
+        "steps": len(seconds[0]) // args.repeats,
+        "prompt_tokens_mean": round(statistics.mean(len(g.prompt_ids) for g in used), 1),
+        "completion_tokens_mean": round(
+            statistics.mean(len(c) for g in used for c in g.completion_ids), 1
+        ),
+        "completions_per_group_mean": round(
+            statistics.mean(len(g.completion_ids) for g in used), 2
+        ),
+        "per_k": {
+            str(k): {
+                "sequences": sequences[k],
+                "seconds_median": round(statistics.median(seconds[k]), 4),
+                "over_all": round(statistics.median(seconds[k]) / all_s, 3),
+            }
+            for k in ks
+        },
+    }
+
+
 def main() -> None:
     ap = parser(__doc__, 2)
     ap.add_argument("--k", type=int, nargs="+", default=[4, 2], help="completions per group")
@@ -68,30 +93,7 @@ def main() -> None:
                         batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
                     )
                     seconds[k].append(time.perf_counter() - t0)
-    all_s = statistics.median(seconds[0])
-    print(
-        json.dumps(
-            {
-                "model": args.model,
-                "steps": len(seconds[0]) // args.repeats,
-                "prompt_tokens_mean": round(statistics.mean(len(g.prompt_ids) for g in used), 1),
-                "completion_tokens_mean": round(
-                    statistics.mean(len(c) for g in used for c in g.completion_ids), 1
-                ),
-                "completions_per_group_mean": round(
-                    statistics.mean(len(g.completion_ids) for g in used), 2
-                ),
-                "per_k": {
-                    str(k): {
-                        "sequences": sequences[k],
-                        "seconds_median": round(statistics.median(seconds[k]), 4),
-                        "over_all": round(statistics.median(seconds[k]) / all_s, 3),
-                    }
-                    for k in ks
-                },
-            }
-        )
-    )
+    print(json.dumps(report(args, ks, seconds, sequences, used)))
 
 
 if __name__ == "__main__":
