@@ -4,7 +4,7 @@ Every prompt starts with the same tokens (chat template, system prompt, worked e
 90 of the embedded model's ~105 with the default tasks); ``train.shared_prefix`` computes
 them once per step and lets every prompt row read their keys and values, instead of
 computing them again in each row. This measures it on the peers' groups with signal of
-a run's sample (scripts/bench_merge.py's ``signal_groups``; default the evidence
+a run's sample (scripts/support/sample_setup.py's ``signal_groups``; default the evidence
 setting's, docs/results/screening-cpu/peer-completions.jsonl), 4 groups to a step, in two
 round shapes: ``whole`` (every completion of the 4 groups trains, as in today's 2/2 or a
 4/0 round whose groups all have signal) and ``k2`` (2 groups whole and 2 peers' groups
@@ -33,14 +33,13 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from bench_merge import parser, trainer_and_groups  # noqa: E402
 
 from sapo_node.groups import training_set  # noqa: E402
 from sapo_node.train import grpo  # noqa: E402
 from sapo_node.train.trainer import Trainer, _per_token, _with_head  # noqa: E402
+from scripts.support.sample_setup import parser, trainer_and_groups  # noqa: E402
 
 
 def row_tokens(trainer: Trainer, samples) -> int:
