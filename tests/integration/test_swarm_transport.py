@@ -4,7 +4,7 @@ charged for, and IPFS's peers: test_transport_restarts.py, test_transport_relay.
 test_transport_ipfs.py.
 
 Every node listens on 127.0.0.1 only, mDNS off, in a swarm of its test's own; every
-process started here is stopped in the fixture's teardown (tests/support/transports.py).
+process started here is stopped in the ``swarm`` fixture's teardown (conftest.py).
 The hostile peer is ``tests/support/rogue.py``, written straight against py-libp2p.
 """
 
