@@ -123,7 +123,56 @@ class EvalReport:
             "eval/seconds": self.seconds,
             "eval/per_task_pass1": [round(t.pass1, 6) for t in self.tasks],
             "eval/per_task_greedy": [int(t.greedy) for t in self.tasks],
+            "eval/per_task_family": [t.family for t in self.tasks],
+            "eval/per_task_level": [t.level for t in self.tasks],
         }
+
+
+def breakdown(record: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """Greedy and pass@1 of an evaluation's record (``EvalReport.metrics``) by level, by
+    family and by the two together, from its per-task lists; None for a record made
+    before they carried each task's family and level.
+
+    >>> r = {"eval/per_task_greedy": [1, 0, 1], "eval/per_task_pass1": [0.5, 0.0, 1.0],
+    ...      "eval/per_task_family": ["a", "a", "b"], "eval/per_task_level": [0, 1, 1]}
+    >>> b = breakdown(r)
+    >>> b["level"]["1"], b["family"]["a"]["greedy"], sorted(b["family_level"])
+    ({'tasks': 2, 'greedy': 0.5, 'pass1': 0.5}, 0.5, ['a/0', 'a/1', 'b/1'])
+    """
+    families, levels = record.get("eval/per_task_family"), record.get("eval/per_task_level")
+    if families is None or levels is None:
+        return None
+    cells: dict[str, dict[str, list[tuple[float, float]]]] = {
+        "level": {},
+        "family": {},
+        "family_level": {},
+    }
+    for fam, level, greedy, pass1 in zip(
+        families,
+        levels,
+        record["eval/per_task_greedy"],
+        record["eval/per_task_pass1"],
+        strict=True,
+    ):
+        keys = {"level": str(level), "family": fam, "family_level": f"{fam}/{level}"}
+        for kind, key in keys.items():
+            cells[kind].setdefault(key, []).append((float(greedy), float(pass1)))
+    return {
+        kind: {
+            key: {
+                "tasks": len(xs),
+                "greedy": _mean([g for g, _ in xs]),
+                "pass1": _mean([p for _, p in xs]),
+            }
+            for key, xs in sorted(by.items(), key=lambda kv: _sort_key(kv[0]))
+        }
+        for kind, by in cells.items()
+    }
+
+
+def _sort_key(key: str) -> tuple:
+    """Levels in numeric order, families by name."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("/"))
 
 
 def summarise(results: Sequence[TaskResult]) -> dict[str, Any]:
