@@ -565,6 +565,10 @@ def _locked(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# what the report alone reads: a resume may change them
+REPORT_ONLY_KEYS = ("thresholds", "confirmatory_runs_on_question", "question", "setting")
+
+
 def check_resumable(spec: ExperimentSpec, out: Path) -> None:
     """Write OUT/experiment.json, or check that a run already there is this one (rounds
     may grow; anything else would mix two experiments in one table)."""
@@ -581,6 +585,7 @@ def check_resumable(spec: ExperimentSpec, out: Path) -> None:
                 k: v
                 for k, v in d["experiment"].items()
                 if k not in ("rounds", "threads", "window", "sampling", "grid", "solver")
+                and k not in REPORT_ONLY_KEYS
                 and k not in older
             }
         if a != b:
