@@ -17,6 +17,7 @@ from sapo_node.experiment.analysis import (
     node_summary,
 )
 from sapo_node.experiment.spec import (
+    AT_JOIN,
     EvalLog,
     ExperimentSpec,
     arms,
@@ -545,8 +546,6 @@ def _at_join(spec: ExperimentSpec, out: Path) -> list[float] | None:
     """Per joiner, the mean held-out greedy accuracy of its warm swarm when it joined
     (OUT/swarm-<w>/at-join.json); None unless the spec asks for it and every warm swarm
     has it."""
-    from sapo_node.experiment.runner import AT_JOIN
-
     lj = spec.experiment.late_joiner
     if lj is None or not lj.threshold_at_join:
         return None

@@ -18,6 +18,7 @@ import structlog
 from sapo_node.config import Config, ConfigError
 from sapo_node.experiment.report import report
 from sapo_node.experiment.spec import (
+    AT_JOIN,
     MEMBER_INDEX,
     SOLVER_INDEX,
     Arm,
@@ -440,9 +441,6 @@ def _run_late_joiners(spec: ExperimentSpec, a: Arm, out: Path, stop, progress) -
         ):
             return False
     return True
-
-
-AT_JOIN = "at-join.json"  # OUT/swarm-<w>/at-join.json: the members' evaluations at the join
 
 
 def _warm_swarm(spec: ExperimentSpec, w: int, out: Path, stop, progress) -> list[Path] | None:

@@ -16,6 +16,7 @@ from sapo_node.config import Config, ConfigError, EvalSection, _deep_merge, _des
 
 SEED_SPACING = 2**40  # node seeds this far apart: their task streams never overlap
 SOLVER_INDEX = 10**6  # the solver member of replicate k has the seed of node SOLVER_INDEX + k
+AT_JOIN = "at-join.json"  # OUT/swarm-<w>/at-join.json: the members' evaluations at the join
 MEMBER_INDEX = 2 * 10**6  # member m of warm swarm w (late joiner): node MEMBER_INDEX + w * N + m
 Sampling = Literal["paper", "uniform", "balanced", "teaching"]
 
