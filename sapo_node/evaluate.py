@@ -114,6 +114,7 @@ class EvalReport:
     samples: int
     new_tokens: int
     seconds: float
+    thread_seconds: float = 0.0  # CPU seconds of the evaluating thread (its compute)
 
     def metrics(self) -> dict[str, Any]:
         """The eval/* keys of a metrics record."""
@@ -121,6 +122,7 @@ class EvalReport:
             "eval/samples": self.samples,
             "eval/new_tokens": self.new_tokens,
             "eval/seconds": self.seconds,
+            "eval/thread_s": self.thread_seconds,
             "eval/per_task_pass1": [round(t.pass1, 6) for t in self.tasks],
             "eval/per_task_greedy": [int(t.greedy) for t in self.tasks],
             "eval/per_task_family": [t.family for t in self.tasks],
@@ -204,7 +206,7 @@ def evaluate(
     """Run the held-out set on ``policy``: ``samples`` sampled and one greedy completion
     per task, scored by ``scorer``. The sampling RNG is fixed by ``eval.seed`` (every
     node and every round draws the same noise) and the caller's RNG state is restored."""
-    start = time.perf_counter()
+    start, start_thread = time.perf_counter(), time.thread_time()
     e, t, g = config.eval, config.tasks, config.generation
     refs = heldout_refs(t.families, config.curriculum, e)
     tasks: list[Task] = [make_task(ref) for ref, _ in refs]
@@ -239,6 +241,7 @@ def evaluate(
         e.samples,
         sampled.new_tokens + greedy.new_tokens,
         time.perf_counter() - start,
+        time.thread_time() - start_thread,
     )
 
 

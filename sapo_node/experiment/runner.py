@@ -399,7 +399,8 @@ def _evaluate(spec, seat: Seat, node, log_: EvalLog, progress, label: str) -> di
     progress(
         f"{label} {seat.name.replace('-', ' ')} held-out eval after {node.round} rounds: "
         f"greedy {record['eval/greedy']:.3f}, "
-        f"pass@1 {record['eval/pass1']:.3f} ({report.seconds:.1f} s)"
+        f"pass@1 {record['eval/pass1']:.3f} ({report.seconds:.1f} s, "
+        f"{report.thread_seconds:.1f} s of its thread's CPU)"
     )
     return record
 
