@@ -168,7 +168,7 @@ def heldout_over_time(nodes, base_nodes=None) -> list[dict[str, Any]] | None:
             "round": k,
             "compute_s": _mean_of(m[k][1] for m in mine),
             "greedy": _mean_of(m[k][2] for m in mine),
-            "pass1": _mean_of(m[k][3] for m in mine),
+            "pass1": _mean_known(m[k][3] for m in mine),
         }
         if base:
             diffs = [m[k][2] - b[k][2] for m, b in zip(mine, base, strict=True)]
@@ -190,10 +190,14 @@ def heldout_by(nodes: Sequence[dict[str, Any]], which: str) -> dict[str, Any] | 
         for key in keys:
             cells = [e["by"][kind][key] for e in evals if key in e["by"][kind]]
             tasks = sum(c["tasks"] for c in cells)
+            measured = [c for c in cells if c["pass1"] is not None]
             out[kind][key] = {
                 "tasks": tasks,
                 "greedy": sum(c["greedy"] * c["tasks"] for c in cells) / tasks,
-                "pass1": sum(c["pass1"] * c["tasks"] for c in cells) / tasks,
+                "pass1": sum(c["pass1"] * c["tasks"] for c in measured)
+                / sum(c["tasks"] for c in measured)
+                if measured
+                else None,
             }
     return out
 
@@ -215,6 +219,13 @@ def compute_seconds(row: dict[str, Any]) -> float:
 def _mean_of(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
+
+
+def _mean_known(values) -> float | None:
+    """The mean of the values that were measured (a greedy-only evaluation has no
+    pass@1); None if none was."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 # What sharing did, from the rows' per-round facts (node.Node._record): own and peers'

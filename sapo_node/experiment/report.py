@@ -309,7 +309,7 @@ def _over_time_table(results: dict[str, Any]) -> list[str]:
             diff = r.get("diff_greedy")
             lines.append(
                 f"| {_label(c)} | {c['sampling']} | {r['round']} | {_seconds(r['compute_s'])} "
-                f"| {_pct(r['greedy'])} | {_pct(r['pass1'])} "
+                f"| {_pct(r['greedy'])} | {'–' if r['pass1'] is None else _pct(r['pass1'])} "
                 f"| {'–' if diff is None else format(100 * diff, '+.1f') + ' pt'} "
                 f"| {_p(r.get('p'))} |"
             )
@@ -317,7 +317,8 @@ def _over_time_table(results: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "- Means over the nodes at each evaluation (pass@1 with `experiment.periodic_samples` "
-        "samples between the start and the end where set); greedy vs J=0: the mean paired "
+        "samples between the start and the end where set; – where 0: greedy only); greedy "
+        "vs J=0: the mean paired "
         "difference, with the sign-flip p, at the same rounds trained.",
     ]
     if levels:
@@ -355,7 +356,7 @@ def _by_level_table(results: dict[str, Any]) -> list[str]:
                 lines.append(
                     f"| {_label(c)} | {c['sampling']} | {name.format(key)} | {x['tasks']} "
                     f"| {'–' if s is None else _pct(s['greedy'])} | {_pct(x['greedy'])} "
-                    f"| {_pct(x['pass1'])} |"
+                    f"| {'–' if x['pass1'] is None else _pct(x['pass1'])} |"
                 )
     lines += [
         "",

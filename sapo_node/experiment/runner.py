@@ -385,21 +385,19 @@ def _evaluate(spec, seat: Seat, node, log_: EvalLog, progress, label: str) -> di
     """Evaluate one node and log it; None if a stop cut it short."""
     from sapo_node.evaluate import evaluate
 
-    config = node.config
-    samples = eval_samples(spec, node.round) if seat.periodic else config.eval.samples
-    if samples != config.eval.samples:
-        config = config.model_copy(
-            update={"eval": config.eval.model_copy(update={"samples": samples})}
-        )
-    report = evaluate(node.policy, node.scorer, config, should_stop=node.stop.is_set)
+    samples = eval_samples(spec, node.round) if seat.periodic else node.config.eval.samples
+    report = evaluate(
+        node.policy, node.scorer, node.config, should_stop=node.stop.is_set, samples=samples
+    )
     if node.stop.is_set():
         return None
     record = {"round": node.round, **report.metrics()}
     log_.append(record)
     progress(
         f"{label} {seat.name.replace('-', ' ')} held-out eval after {node.round} rounds: "
-        f"greedy {record['eval/greedy']:.3f}, "
-        f"pass@1 {record['eval/pass1']:.3f} ({report.seconds:.1f} s, "
+        f"greedy {record['eval/greedy']:.3f}"
+        + ("" if record["eval/pass1"] is None else f", pass@1 {record['eval/pass1']:.3f}")
+        + f" ({report.seconds:.1f} s, "
         f"{report.thread_seconds:.1f} s of its thread's CPU)"
     )
     return record

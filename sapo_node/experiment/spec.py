@@ -128,10 +128,11 @@ class ExperimentSection(BaseModel):
     )
     periodic_samples: int | None = Field(
         None,
-        ge=1,
+        ge=0,
         le=64,
         description="Sampled completions per task at the evaluations between the start and "
-        "the end (eval.every), to make them cheaper; unset: eval.samples. Greedy is the same.",
+        "the end (eval.every), to make them cheaper (0: greedy only, no pass@1); unset: "
+        "eval.samples. Greedy is the same in every evaluation.",
     )
     thresholds: list[float] = Field(
         default_factory=list,

@@ -28,7 +28,7 @@ replicates = 2            # joiners, one per pair
 grid = ["4/0", "2/2"]
 threads = 1
 curriculum = true
-periodic_samples = 1
+periodic_samples = 0      # greedy only in between
 thresholds = [0.5]
 confirmatory_runs_on_question = 0
 question = "does a joiner reach its swarm's accuracy sooner?"
@@ -107,8 +107,9 @@ def test_a_late_joiner_joins_a_warm_swarm_and_is_compared_with_itself_alone(
             assert json.loads((d / "node.json").read_text())["seed"] == node_seed(spec, k)
             evals = _rows(d / "eval.jsonl")
             assert [e["round"] for e in evals] == [0, 1, 2]
-            # the evaluation in between is the cheaper one; greedy is measured the same
-            assert [e["eval/samples"] for e in evals] == [2, 1, 2]
+            # the evaluation in between is the cheaper one: greedy only, no pass@1
+            assert [e["eval/samples"] for e in evals] == [2, 0, 2]
+            assert evals[1]["eval/pass1"] is None and evals[1]["eval/new_tokens"] > 0
             assert sorted(evals[-1]["eval/per_task_level"]) == [0, 1]
         joined = _rows(out / "2-2" / f"node-{k}" / "metrics.jsonl")
         alone = _rows(out / "4-0" / f"node-{k}" / "metrics.jsonl")
@@ -140,7 +141,8 @@ def test_a_late_joiner_joins_a_warm_swarm_and_is_compared_with_itself_alone(
     by = confs["2/2"]["heldout_end_by"]
     assert set(by["level"]) == {"0", "1"} and by["level"]["0"]["tasks"] == 2
     assert set(by["family"]) == {FAMILY}
-    assert [r["round"] for r in confs["2/2"]["heldout_over_time"]] == [0, 1, 2]
+    over_time = confs["2/2"]["heldout_over_time"]
+    assert [r["round"] for r in over_time] == [0, 1, 2] and over_time[1]["pass1"] is None
     table = (out / "results.md").read_text()
     for line in (
         "## Time to accuracy",
