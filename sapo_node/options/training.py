@@ -312,7 +312,8 @@ class TrainSection(_Section):
         le=4096,
         description="The most peers' groups a round takes when external_by chooses J (I + J "
         "staying local_groups + external_groups), below I + J: a round keeps an own group "
-        "to measure. Unset: one fewer than I + J (3 of the default 2 + 2).",
+        "to measure. Unset: one fewer than I + J (3 of the default 2 + 2). Under signal, I + "
+        "J is still read (files of past runs set it) as one fewer.",
     )
     external_by: Literal["format", "signal", "skill", "fixed"] = Field(
         "format",
@@ -414,9 +415,11 @@ class TrainSection(_Section):
         total = self.local_groups + self.external_groups
         if self.external_by == "fixed" or self.external_groups == 0:
             return None
-        if self.external_max is not None:
-            return self.external_max
-        return total - 1 if total > 1 else total
+        if total == 1:
+            return self.external_max if self.external_max is not None else total
+        # A round keeps an own group to measure: with none, the rate that chooses J
+        # would never move again (J stuck at its bound).
+        return min(total - 1, total if self.external_max is None else self.external_max)
 
     def unchecked_tokens(self, lora: bool) -> int:
         """``checkpoint_above_tokens``, its default resolved for full fine-tuning or LoRA."""
@@ -438,16 +441,22 @@ class TrainSection(_Section):
                 "external_max needs external_groups above 0: with J = 0 a node takes "
                 "nothing from peers (or set external_by = 'fixed')"
             )
-        if bound is not None and bound > total:
+        if bound is not None and self.external_max is not None and self.external_max > total:
             raise ValueError(
-                f"external_max ({bound}) must be at most local_groups + external_groups "
-                f"({total}): J is part of a round's I + J (or set external_by = 'fixed')"
+                f"external_max ({self.external_max}) must be at most local_groups + "
+                f"external_groups ({total}): J is part of a round's I + J (or set "
+                "external_by = 'fixed')"
             )
-        if bound is not None and bound >= total and total > 1:
+        if (
+            self.external_by in ("format", "skill")
+            and self.external_max is not None
+            and self.external_max >= total > 1
+        ):
             raise ValueError(
-                f"external_by = {self.external_by!r} needs external_max ({bound}) below "
-                f"local_groups + external_groups ({total}): a round with no own group "
-                "measures nothing, and J would stay put (or set external_by = 'fixed')"
+                f"external_by = {self.external_by!r} needs external_max "
+                f"({self.external_max}) below local_groups + external_groups ({total}): a "
+                "round with no own group measures nothing, and J would stay put (or set "
+                "external_by = 'fixed')"
             )
         if self.external_completions == 1:
             raise ValueError(

@@ -83,14 +83,18 @@ def test_the_format_rate_chooses_j_when_asked_and_survives_a_checkpoint() -> Non
     assert again == m
 
 
-@pytest.mark.parametrize("by", ["format", "signal", "skill"])
-def test_every_rule_that_measures_own_groups_must_leave_one(by: str) -> None:
+@pytest.mark.parametrize("by", ["format", "skill"])
+def test_a_rule_that_measures_own_groups_must_leave_one(by: str) -> None:
     train = {"local_groups": 2, "external_groups": 2, "external_by": by}
     with pytest.raises(ValueError, match="needs external_max \\(4\\) below"):
         load_config(overrides={"train": {**train, "external_max": 4}}, environ={})
     assert load_config(overrides={"train": {**train, "external_max": 3}}, environ={})
     fixed = {**train, "external_by": "fixed", "external_max": 4}
     assert load_config(overrides={"train": fixed}, environ={}).train.external_max == 4
+    signal = {**train, "external_by": "signal", "external_max": 4}  # as past runs' files say
+    assert load_config(overrides={"train": signal}, environ={}).train.j_bound() == 3
+    with pytest.raises(ValueError, match="must be at most local_groups"):
+        load_config(overrides={"train": {**signal, "external_max": 5}}, environ={})
 
 
 def test_j_by_signal_never_takes_the_last_own_group_so_its_rate_moves_again() -> None:
