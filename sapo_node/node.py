@@ -200,11 +200,10 @@ class Node:
         """Algorithm 1, one round; returns the round's metrics."""
         s, timer = self.config.train, Timer(self.progress)
         with timer("round"):
-            with timer("intake"):  # scored now only if this round may draw from the pool
+            with timer("intake"):  # peers' groups scored now only if J may take some
                 inbound = self._take_in(score=self._choose_j(pooled=1)[0] > 0)
-            pooled = len(self.pool)
-            j, why = self._choose_j(pooled)
-            with timer("intake"):
+                pooled = len(self.pool)
+                j, why = self._choose_j(pooled)
                 external = self._take_external(r, j) if self.trains else []
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
@@ -260,7 +259,7 @@ class Node:
                 "train/external_target": j,
                 "train/own_signal_rate": self.mix.signal_rate,
                 "train/own_format_rate": self.mix.format_rate,
-                "train/own_skill": self._skill(),
+                "train/own_skill": self._own_rate("skill")[0],
             }
         )
         if s.j_bound() is not None:
@@ -343,15 +342,14 @@ class Node:
     def _choose_j(self, pooled: int) -> tuple[int, str]:
         """J for this round with ``pooled`` groups waiting, and why (intake/demand.py)."""
         s = self.config.train
-        weights = {name: f.weight for name, f in self.curriculum.families.items()}
-        rate, what = self.mix.own_rate(s.external_by, self.curriculum.level, weights)
+        rate, what = self._own_rate(s.external_by)
         return choose_external(
             s.external_groups, s.j_bound(), rate, pooled, what, previous=self.mix.last_j
         )
 
-    def _skill(self) -> float:
+    def _own_rate(self, by: str) -> tuple[float | None, str]:
         weights = {name: f.weight for name, f in self.curriculum.families.items()}
-        return self.mix.own_rate("skill", self.curriculum.level, weights)[0] or 0.0
+        return self.mix.own_rate(by, self.curriculum.level, weights)
 
     def _take_external(self, r: int, count: int) -> list[PooledGroup]:
         """Up to ``count`` (J) groups from the pool, those pooled unscored scored first;
