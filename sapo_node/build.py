@@ -15,11 +15,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
+import structlog
 import torch
 
-from sapo_node.checkpoint import CheckpointStore
+from sapo_node import swarmfile
+from sapo_node.checkpoint import CheckpointStore, made_for, set_aside
 from sapo_node.config import Config
 from sapo_node.curriculum import Curriculum
 from sapo_node.datadir import lock_data_dir, node_seed
@@ -33,6 +36,8 @@ from sapo_node.node import Node, Parts, prepare_completion
 from sapo_node.tasks import Scorer
 from sapo_node.train.policy import load_policy
 from sapo_node.train.trainer import Trainer
+
+log = structlog.get_logger(__name__)
 
 
 def build_node(
@@ -56,6 +61,7 @@ def build_node(
             data_dir.mkdir(parents=True, exist_ok=True)
             lock = lock_data_dir(data_dir)
         undo.callback(lock.close)
+        follow_the_swarms_model(config, data_dir)
         seed = node_seed(data_dir, config.node.seed)  # a broken node.json: said before any load
         if config.node.threads:
             torch.set_num_threads(config.node.threads)
@@ -122,3 +128,20 @@ def build_node(
         node = Node(config, parts, stop=stop, transport=transport, clock=clock)
         undo.pop_all()  # the node owns its parts now (Node.close)
     return node
+
+
+def follow_the_swarms_model(config: Config, data_dir: Path) -> None:
+    """A swarm file that changed the model (or LoRA) since the last checkpoint starts a new
+    run: the old one is set aside whole, where a resume would fail on the fingerprint."""
+    path = CheckpointStore(data_dir).latest()
+    if path is None:
+        return
+    old = made_for(path)
+    if not swarmfile.model_change(config, old):
+        return
+    where = set_aside(data_dir, str(old.get("model", "run")))
+    log.warning(
+        f"the swarm file ({config.net.swarm_file}) changed the model from {old} to "
+        f"{config.fingerprint()}: a new run starts from round 0; the old run's checkpoints "
+        f"and metrics are kept in {where} (--data-dir {where} reads them)"
+    )

@@ -7,6 +7,8 @@ Layout::
                                         state.json            round, seed, curriculum, ...
                                         MANIFEST.json         sha256 of each file (last)
     <data-dir>/checkpoints/LATEST                             "round-000010"
+    <data-dir>/runs/20260101T120000Z-embedded/checkpoints/    a run set aside (set_aside)
+                                             /metrics.jsonl
 
 A checkpoint is written under a temporary name, fsynced, then renamed; LATEST is
 replaced atomically after that. A crash at any point leaves the previous checkpoint
@@ -21,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +84,38 @@ def verify_hashes(path: Path, remedy: str) -> None:
 def _fsync_file(path: Path) -> None:
     with path.open("rb") as f:
         os.fsync(f.fileno())
+
+
+def made_for(path: Path) -> Any:
+    """The fingerprint checkpoint ``path`` records (unverified), or None if it has none
+    that can be read: ``CheckpointStore.load`` says why when the node resumes."""
+    try:
+        return json.loads((path / STATE).read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def set_aside(data_dir: Path, label: str) -> Path:
+    """Move the run of ``data_dir`` (its checkpoints and the metrics they index) into
+    ``runs/<UTC time>-<label>`` there, a data directory of its own (``--data-dir`` reads
+    it); the directory is left to start a new run. Metrics go first: a crash between the
+    two moves leaves the checkpoints to a second set-aside, and loses nothing."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._")[-60:] or "run"
+    runs = data_dir / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    where = runs / f"{stamp}-{slug}"
+    n = 1
+    while where.exists():
+        n += 1
+        where = runs / f"{stamp}-{slug}-{n}"
+    where.mkdir()
+    for name in ("metrics.jsonl", "checkpoints"):
+        if (data_dir / name).exists():
+            os.replace(data_dir / name, where / name)
+    _fsync_dir(where)
+    _fsync_dir(data_dir)
+    return where
 
 
 class CheckpointStore:

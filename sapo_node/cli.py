@@ -80,10 +80,10 @@ def identity(
 ) -> None:
     """Print this node's peer ID and the addresses to give others (--bootstrap); creates
     the identity key on first use."""
+    from sapo_node.addresses import count_as_lan, decide
     from sapo_node.intake import wire
     from sapo_node.net import NetError
     from sapo_node.net import identity as ident
-    from sapo_node.net.reach import count_as_lan, decide
     from sapo_node.net.reachability import announced_addresses
 
     cfg = load_with_flags(config, data_dir=data_dir, listen=listen, announce=announce)

@@ -44,6 +44,7 @@ def overrides(**flags: Any) -> dict[str, Any]:
         "swarm": ("net", "swarm"),
         "swarm_file": ("net", "swarm_file"),
         "allow_swarm_code": ("net", "allow_swarm_code"),
+        "allow_swarm_scoring": ("net", "allow_swarm_scoring"),
         "listen": ("net", "listen"),
         "announce": ("net", "announce"),
         "bootstrap": ("net", "bootstrap"),
@@ -122,6 +123,15 @@ def node_options(
             "--allow-swarm-code",
             help="Let the swarm file name custom task families (module:attr), which the node "
             "imports and runs: only for a file whose source you trust.",
+        ),
+    ] = None,
+    allow_swarm_scoring: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-swarm-scoring",
+            help="Let the swarm file's [tasks] set the system prompt, one_shot, reward and "
+            "correct_threshold, which the poisoning defences rely on: only for a file whose "
+            "source you trust.",
         ),
     ] = None,
     listen: Annotated[

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from sapo_node.intake.pool import PooledGroup
+from sapo_node.samples import Sample
 from sapo_node.tasks import Task
 from sapo_node.train import grpo
-from sapo_node.train.trainer import Sample
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Group:
     rewards: list[float] = field(default_factory=list)
     origin: str = "local"
     pooled: PooledGroup | None = None
-    taught: list[tuple[bool, ...]] | None = None  # per completion (trainer.Sample.taught)
+    taught: list[tuple[bool, ...]] | None = None  # per completion (samples.Sample.taught)
 
     @property
     def has_signal(self) -> bool:

@@ -96,11 +96,28 @@ class TaskFamily(Protocol):
     def score(self, task: Task, completion: str) -> float: ...
 
 
-def extract_answer(text: str, tag: str = "answer") -> str | None:
-    """The stripped content of the last complete ``<tag>...</tag>`` pair, in linear time.
+def last_answer(text: str, tag: str = "answer") -> tuple[int, int] | None:
+    """Where the last complete ``<tag>...</tag>`` pair of ``text`` opens and where its
+    closing tag starts (None if it has none), in linear time: the last closing tag, then
+    the last opening tag before it. What the node scores (``extract_answer``) and what its
+    defences keep of a peer's completion (intake/defence.py) are found by this one search.
 
-    ReasoningGym's regex version is quadratic on repeated unclosed tags; this one scans
-    from the right: the last closing tag, then the last opening tag before it.
+    ReasoningGym's regex version is quadratic on repeated unclosed tags.
+
+    >>> last_answer("so <answer>7</answer>")
+    (3, 12)
+    >>> last_answer("<answer>a<answer>b</answer>")
+    (9, 18)
+    >>> last_answer("<answer>unclosed") is None
+    True
+    """
+    close = text.rfind(f"</{tag}>")
+    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
+    return (start, close) if start >= 0 else None
+
+
+def extract_answer(text: str, tag: str = "answer") -> str | None:
+    """The stripped content of the last complete ``<tag>...</tag>`` pair (``last_answer``).
 
     >>> extract_answer("so <answer> 26 </answer>")
     '26'
@@ -111,14 +128,8 @@ def extract_answer(text: str, tag: str = "answer") -> str | None:
     >>> extract_answer("<answer>a<answer>b</answer>")
     'b'
     """
-    close = text.rfind(f"</{tag}>")
-    if close < 0:
-        return None
-    open_tag = f"<{tag}>"
-    start = text.rfind(open_tag, 0, close)
-    if start < 0:
-        return None
-    return text[start + len(open_tag) : close].strip()
+    found = last_answer(text, tag)
+    return None if found is None else text[found[0] + len(tag) + 2 : found[1]].strip()
 
 
 class ReasoningGymFamily:

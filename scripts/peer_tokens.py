@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sapo_node.intake import wire  # noqa: E402
-from sapo_node.intake.defence import last_answer  # noqa: E402
+from sapo_node.tasks import last_answer  # noqa: E402
 
 PARTS = ("before", "tags", "answer", "after", "end")
 

@@ -28,8 +28,8 @@ they are scored against the answer they carry.
 Outcomes: ``accepted`` (pooled), ``rejected`` (the sender broke a rule: the transport
 may penalise it) or ``ignored`` (dropped without blame: a newer or differently set-up
 peer, or a problem on this side). The last :data:`RECENT_REFUSALS` refusals are kept, with
-their details, for the status page (``recent``); details hold peers' text, which whoever
-shows them must escape.
+their details, for the status page (``recent_refusals``); details hold peers' text, which
+whoever shows them must escape.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
@@ -139,8 +140,11 @@ class Intake:
         self.known_configs = {family: frozenset(c) for family, c in known_configs.items()}
         self.accept_unregenerable = accept_unregenerable
         self.max_clock_skew_s = max_clock_skew_s
-        # (time, author, outcome, reason, detail) of the last refusals, newest last.
+        # (time, author, outcome, reason, detail) of the last refusals, newest last. The
+        # round thread appends while the status thread reads: a deque iterated during an
+        # append raises, so both hold the lock.
         self.recent: deque[tuple[float, str, str, str, str]] = deque(maxlen=RECENT_REFUSALS)
+        self._recent_lock = threading.Lock()
         self._ahead: dict[str, float] = {}  # author -> when its last group came from the future
         self._clock_warned = -math.inf
 
@@ -253,9 +257,16 @@ class Intake:
             raise _Refused(ANSWER_MISMATCH, "the attached answer is not the task's")
         return task
 
+    def recent_refusals(self) -> list[tuple[float, str, str, str, str]]:
+        """A copy of the last refusals, newest last; safe from any thread."""
+        with self._recent_lock:
+            return list(self.recent)
+
     def _refuse(self, author: str, reason: str, detail: str = "") -> Verdict:
         outcome: Outcome = "ignored" if reason in IGNORED else "rejected"
         self.pool.record(author, reason)
-        self.recent.append((time.time(), author, outcome, reason, detail[:MAX_DETAIL_CHARS]))
+        refusal = (time.time(), author, outcome, reason, detail[:MAX_DETAIL_CHARS])
+        with self._recent_lock:
+            self.recent.append(refusal)
         log.debug("group refused", author=author, reason=reason, detail=detail, outcome=outcome)
         return Verdict(outcome, reason, detail)

@@ -27,14 +27,13 @@ go through, in order:
    at most ``max_rank_bits`` (6: tokens about the 63rd likeliest, geometric mean), else
    it is refused (``completions_implausible``). The tokens of the answer's tags and a
    final end-of-turn token are left out: the prompt asks for them, and a node that has
-   drifted from the format (the embedded model at lr 5e-5 can stop writing the tags
-   for a while) would otherwise refuse the very completions that could bring it back.
-   Text this node's policy could write passes; an injected phrase is a run of tokens it
-   would not. Ranks, not log-probabilities: training sharpens a policy until a peer's
-   different wording of the same answer is improbable (log-probs below -20 nats after 40
-   rounds, the level of a payload), but its tokens stay among the policy's first
-   choices; a payload's do not (measured on the embedded model, docs/security.md: an
-   honest peer's worst window at most 3.4 bits, a payload's at least 9).
+   drifted from the format (a small model at a high learning rate can stop writing the
+   tags for a while) would otherwise refuse the very completions that could bring it
+   back. Text this node's policy could write passes; an injected phrase is a run of
+   tokens it would not. Ranks, not log-probabilities: training sharpens a policy until
+   a peer's different wording of the same answer is as improbable as a payload, but its
+   tokens stay among the policy's first choices; a payload's do not, and the default
+   bound sits between the two (docs/security.md has the measured windows of both).
 
 4. only the answer teaches (``answer_only``): of every peer's completion that is left,
    positive advantage or not, the loss counts only the tokens of its last answer with
@@ -47,11 +46,14 @@ go through, in order:
    taught: nothing wanted, with prompts that ask for a direct answer.
    With ``teach_first_choices``, a checked completion (positive advantage, passed 1-3)
    also teaches each token of its other text that is this node's first choice there
-   (rank 0 under its policy, from the ranks of check 3): text this node would write
-   itself, greedily, given what came before. A token becomes likelier only where it
-   already was the likeliest, so no token that was not this node's first choice becomes
-   one; the payloads measured in docs/security.md open on a token ranked 76th to 4,000th
-   (``first_choice_tokens``).
+   (rank 0 under its policy, from the ranks of check 3, with the head in float32 so
+   that near-ties do not share rank 0): text this node would write itself, greedily,
+   given what came before. The guarantee is conditional on that text: a token becomes
+   likelier only after the peer's preceding tokens, where it already was the likeliest.
+   Those tokens are context, untaught, but may be anything check 3 lets through (one
+   unlikely token in a window of likely ones), so a first choice after text this node
+   would not write is taught in that context too. A payload whose first token is not
+   this node's first choice is never started by it (``first_choice_tokens``).
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
@@ -100,7 +102,8 @@ import structlog
 
 from sapo_node.config import DefenceSection
 from sapo_node.intake import peerstate
-from sapo_node.train.trainer import Sample
+from sapo_node.samples import Sample
+from sapo_node.tasks import last_answer
 
 log = structlog.get_logger(__name__)
 
@@ -110,18 +113,6 @@ IMPLAUSIBLE = "completions_implausible"
 DISTRUSTED = "distrusted"
 MAX_TRACKED = 10_000  # peers whose record is kept (least recently checked go first)
 HISTORY_TTL_S = 7 * 86400.0  # a peer's record not added to this long is forgotten
-
-
-def last_answer(text: str, tag: str = "answer") -> tuple[int, int] | None:
-    """Where the last ``<tag>...</tag>`` of ``text`` opens and where its closing tag starts
-    (None if it has none), as ``tasks.extract_answer`` finds it.
-
-    >>> last_answer("so <answer>7</answer>")
-    (3, 12)
-    """
-    close = text.rfind(f"</{tag}>")
-    start = text.rfind(f"<{tag}>", 0, close) if close >= 0 else -1
-    return (start, close) if start >= 0 else None
 
 
 def outside_answer_chars(text: str, tag: str = "answer") -> int:
@@ -237,7 +228,8 @@ def answer_tokens(
 
 def first_choice_tokens(answer: Sequence[bool], ranks: Sequence[int]) -> tuple[bool, ...]:
     """``answer_tokens``'s flags widened by ``teach_first_choices``: also each token whose
-    rank under this node's policy is 0 (its first choice).
+    rank under this node's policy is 0 (its first choice, given the completion's text
+    before it).
 
     >>> first_choice_tokens([False, False, True, True], [0, 7, 3, 0])
     (True, False, True, True)

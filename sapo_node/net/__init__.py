@@ -61,7 +61,7 @@ class NetStats:
     bytes_in: int = 0
     bytes_out: int = 0
     restarts: int = 0
-    reachability: str = ""  # public, private or local (net/reach.py); "" without a network
+    reachability: str = ""  # public, private or local (addresses.py); "" without a network
     # why: config, announce, address, upnp (a router's port mapping), loopback, nat or
     # autonat (peers could not dial its public address, net/autonat.py)
     reachability_reason: str = ""

@@ -1,7 +1,7 @@
-"""AutoNAT v1: whether peers elsewhere can really dial this node (issue 30).
+"""AutoNAT v1: whether peers elsewhere can really dial this node.
 
 A node with an address outside the LAN ranges (a VPS) or a port mapped by its home
-router (UPnP) reads public at start (net/reach.py). A firewall, a cloud security group
+router (UPnP) reads public at start (addresses.py). A firewall, a cloud security group
 or a router that ignores its own mapping can make that false: peers would then dial
 an address that leads nowhere, and the node would serve the DHT and relays to nobody.
 So such a node asks public peers to dial it back, on py-libp2p's AutoNAT v1
@@ -16,6 +16,11 @@ So such a node asks public peers to dial it back, on py-libp2p's AutoNAT v1
   which announced address peers could not dial.
 - at least as many networks dialled it back as failed: it is public, confirmed
   (``/status``: ``autonat``).
+- a node that a peer outside the LAN has dialled directly since it started (while
+  public) needs more: failures are what a liar can give, so it turns private only
+  when, besides, no such peer dialled in for ALONE_S after the first failure (as below),
+  and one that dials in during the check makes it public, whatever the networks say.
+  Two cheap networks that answer "failed" cannot demote a node peers reach.
 - a swarm with a single public node has one network to ask. When it failed, none
   succeeded and for ALONE_S after that answer no peer outside the LAN has connected to
   this node directly (which a peer that could dial it would have done), that one answer
@@ -38,7 +43,11 @@ it. Every asker heard OK, firewalled or not (docs/libp2p.md#autonat-dial-back).
 ports would map to that same connection), and counts it a success only when the Noise
 handshake proves the asker's peer ID. It dials only addresses on the asker's observed
 IP (the library's rule: no amplification), only for the peer that asked, and within
-rate limits (a peer's request once a minute, PER_MINUTE requests in all).
+rate limits (a peer's request once a minute, PER_MINUTE requests in all). An asker
+none of whose addresses is on that IP is behind NAT (its inside range outside the LAN
+ranges, so it read public): the library refused it and it never had a verdict; here
+its observed IP is dialled at the ports it gave (:func:`dial_candidates`), which fails
+unless its router forwards them.
 
 Dial-backs from distinct networks are what the verdict counts: one operator of many
 identities or addresses counts once. A lying server can only say "failed" (a majority
@@ -63,11 +72,12 @@ from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
+from sapo_node.addresses import network_of  # a server's network (a /24, a /48): one vote
+
 log = structlog.get_logger("sapo_node.net")
 
 PROTOCOL = AUTONAT_PROTOCOL_ID
 AGREE = 2  # networks (a /24, a /48) whose dial-backs failed, that make a node private
-IPV4_PREFIX, IPV6_PREFIX = 24, 48  # a server's network: one vote
 ALONE_S = 120.0  # one network's failure, then this long with no peer dialling in: private
 RECHECK_PRIVATE_S = 600.0  # a node private by AutoNAT asks again this often
 SERVERS = 4  # peers asked in one check
@@ -144,6 +154,12 @@ class SwarmAutoNAT(AutoNATService):
             with contextlib.suppress(Exception):
                 await stream.close()
 
+    @staticmethod
+    def _filter_by_observed_ip(addrs: list[bytes], observed_ip: str | None) -> list[bytes]:
+        """The library's rule, which refuses an asker none of whose addresses is on its
+        observed IP, with :func:`dial_candidates` instead."""
+        return dial_candidates(addrs, observed_ip)
+
     async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
         """A new TCP connection from an ephemeral port, and a Noise handshake
         that proves ``peer_id``; then closed. None if no address answered so."""
@@ -187,27 +203,58 @@ def tcp_target(raw: bytes) -> tuple[str, int] | None:
         return None
 
 
-def network_of(ip: str) -> str:
-    """The network a server's IP votes for: its /24 (IPv4) or /48 (IPv6).
+def dial_candidates(addrs: list[bytes], observed_ip: str | None) -> list[bytes]:
+    """The addresses a server dials back for an asker whose connection comes from
+    ``observed_ip``, given the ``addrs`` it asked to be dialled at: those on that IP
+    (no amplification: only the asker's own IP is ever dialled), or, when none is, that
+    IP at each TCP port it gave. An asker behind NAT knows only its inside address; where
+    that lies outside the LAN ranges it reads public and asks, and a server that refused
+    it (as the library does) left it without a verdict for good. Dialling its router at
+    its port fails unless the router forwards that port, which is the answer it needs.
 
-    >>> network_of("198.18.4.2"), network_of("2001:db8:1:2::7")
-    ('198.18.4.0/24', '2001:db8:1::/48')
+    >>> ma = lambda *a: [multiaddr.Multiaddr(x).to_bytes() for x in a]
+    >>> show = lambda raws: [str(multiaddr.Multiaddr(x)) for x in raws]
+    >>> show(dial_candidates(ma("/ip4/198.19.1.2/tcp/4141"), "198.18.1.2"))  # behind NAT
+    ['/ip4/198.18.1.2/tcp/4141']
+    >>> show(dial_candidates(ma("/ip4/198.18.1.2/tcp/4141", "/ip4/198.18.9.9/tcp/1"), "198.18.1.2"))
+    ['/ip4/198.18.1.2/tcp/4141']
+    >>> dial_candidates(ma("/ip4/198.19.1.2/tcp/4141"), None)
+    []
     """
+    if observed_ip is None:
+        return []
+    on_ip = AutoNATService._filter_by_observed_ip(addrs, observed_ip)
+    if on_ip:
+        return on_ip
     try:
-        addr = ipaddress.ip_address(ip)
+        version = ipaddress.ip_address(observed_ip).version
     except ValueError:
-        return ip
-    prefix = IPV4_PREFIX if addr.version == 4 else IPV6_PREFIX
-    return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False))
+        return []
+    ports = list(dict.fromkeys(t[1] for t in map(tcp_target, addrs) if t is not None and t[1] > 0))
+    return [
+        multiaddr.Multiaddr(f"/ip{version}/{observed_ip}/tcp/{port}").to_bytes() for port in ports
+    ]
 
 
-def verdict(answers: Iterable[tuple[str, int]], *, unreached: bool = False) -> str | None:
+def verdict(
+    answers: Iterable[tuple[str, int]],
+    *,
+    unreached: bool = False,
+    dialled_in: bool = False,
+    reached_before: bool = False,
+) -> str | None:
     """The reachability that servers' answers show, as (server IP, status) pairs, each
     network (network_of) voting once, OK if any of its servers dialled back: ``public``
     when at least one network dialled back and as many as failed; ``private`` when more
     failed than dialled back, and at least AGREE did, or one did and ``unreached`` (ALONE_S
     passed since with no peer outside the LAN dialling in); None while unsure (refusals
     and errors count for nothing).
+
+    Failures are what a liar can give; a connection a peer outside the LAN dialled to
+    this node is what it cannot take away. So ``dialled_in`` (one did during the check)
+    makes the node ``public`` whatever the networks say, and a node ``reached_before``
+    (one did since it started) turns private only ``unreached``, however many networks
+    failed: two cheap networks cannot demote it at every check.
 
     >>> verdict([("198.18.0.1", FAILED), ("198.18.1.1", FAILED)])
     'private'
@@ -221,6 +268,11 @@ def verdict(answers: Iterable[tuple[str, int]], *, unreached: bool = False) -> s
     'private'
     >>> verdict([("198.18.0.1", FAILED)]) is None, verdict([("198.18.0.1", FAILED)], unreached=True)
     (True, 'private')
+    >>> two = [("198.18.0.1", FAILED), ("198.18.1.1", FAILED)]
+    >>> verdict(two, dialled_in=True), verdict(two, reached_before=True)
+    ('public', None)
+    >>> verdict(two, reached_before=True, unreached=True)
+    'private'
     """
     votes: dict[str, int] = {}
     for ip, status in answers:
@@ -230,6 +282,8 @@ def verdict(answers: Iterable[tuple[str, int]], *, unreached: bool = False) -> s
     failed = len(votes) - ok
     if ok and ok >= failed:
         return "public"
-    if failed > ok and (failed >= AGREE or (unreached and failed >= 1)):
+    if failed > ok and dialled_in:
+        return "public"
+    if failed > ok and (unreached or (failed >= AGREE and not reached_before)):
         return "private"
     return None

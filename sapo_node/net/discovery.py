@@ -26,12 +26,9 @@ from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
+from sapo_node import addresses
 from sapo_node.intake import wire
-from sapo_node.net import (
-    dnsaddr,
-    patches,
-    reach,
-)
+from sapo_node.net import dnsaddr, patches
 from sapo_node.net.patches import DHT_PROTOCOL, LIBRARY_DHT_PROTOCOL
 from sapo_node.net.pubsub import PROTOCOLS
 from sapo_node.net.state import STATE
@@ -100,7 +97,9 @@ class SwarmDHT(KadDHT):
     speaks, and peers it merely heard of from others. A routing table that holds clients
     hands their addresses to everyone as the closest peers. Here a peer is taken only once
     identify says it serves the DHT, and, by a public node, only with an address outside
-    the LAN ranges (docs/libp2p.md#dht-routing-table)."""
+    the LAN ranges; a peer that lists an IPv4-mapped address is taken by no node: the
+    table hands on every address a peer lists, and a mapped one leads whoever dials it
+    to its own network (docs/libp2p.md#dht-routing-table)."""
 
     def __init__(self, host: Any, mode: DHTMode, *, public: bool) -> None:
         super().__init__(host, mode)
@@ -117,7 +116,7 @@ class SwarmDHT(KadDHT):
         addrs = [str(a) for p in self.routing_table.get_peer_ids() for a in store.addrs(p)]
         for records in self.provider_store.providers.values():
             addrs += [str(a) for r in records.values() for a in r.addresses]
-        return sum(map(reach.is_lan_addr, addrs))
+        return sum(map(addresses.is_lan_addr, addrs))
 
     def drop_departed(self) -> None:
         """Peers that no longer serve the DHT leave the routing table: a node that AutoNAT
@@ -134,9 +133,11 @@ class SwarmDHT(KadDHT):
             addrs = [str(a) for a in store.addrs(peer)]
         except Exception:  # not in the peerstore (yet)
             return False
+        if any(map(addresses.is_mapped_addr, addrs)):
+            return False
         if not self.public:
             return bool(addrs)
-        return any(reach.ip_of(a) is not None and not reach.is_lan_addr(a) for a in addrs)
+        return any(addresses.ip_of(a) is not None and not addresses.is_lan_addr(a) for a in addrs)
 
 
 def prune_backoff(
@@ -205,7 +206,9 @@ class DiscoveryBehaviour:
     async def _discover(self) -> None:
         """Re-dial bootstrap peers, announce the swarm in the DHT (a public node) and dial
         its other members, and dial peers mDNS put in the peerstore. A pass spends at most
-        DIAL_PASS_S dialling, DIAL_CONCURRENCY peers at once
+        DIAL_PASS_S dialling, DIAL_CONCURRENCY peers at once. Bootstrap peers are dialled
+        every pass because the library drops one after 3 failed dials and never tries it
+        again: a swarm that met through one hub would split for good when the hub went
         (docs/libp2p.md#bootstrap-re-dial)."""
         # The swarm's key (every node's, also before shards), and in a sharded swarm each
         # joined shard's: a node finds its shards' members among their providers.

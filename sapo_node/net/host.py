@@ -26,7 +26,7 @@ them; the network drives them):
 - ``net/pubsub.py``: GossipSub, the validator, scoring, bans, backpressure;
 - ``net/discovery.py``: dialling and backoff, bootstrap peers, the DHT and its providers;
 - ``net/reachability.py``: relays, hole punching, AutoNAT (``net/autonat.py``), the
-  router's port mapping (``net/upnp.py``), the addresses shown to peers (``net/reach.py``);
+  router's port mapping (``net/upnp.py``), the addresses shown to peers (``addresses.py``);
 - ``net/state.py``: what they share with the library's hooks (counters, the shown addresses);
 - ``net/patches.py``: every change to py-libp2p's internals, checked at start by
   :func:`_main`; docs/libp2p.md says what the network relies on in the library, and why.
@@ -47,14 +47,9 @@ import multiaddr
 import structlog
 import trio
 
+from sapo_node import addresses
 from sapo_node.logs import configure_logging
-from sapo_node.net import (
-    NetError,
-    ipc,
-    patches,
-    reach,
-    upnp,
-)
+from sapo_node.net import NetError, ipc, patches, upnp
 from sapo_node.net.network import Network
 from sapo_node.net.ports import check_ports_free
 from sapo_node.net.reachability import announced_addresses
@@ -72,10 +67,11 @@ async def _main(in_fd: int, out_fd: int) -> int:
     configure_logging(json_logs=settings.get("json_logs", False), models=False)
     try:
         patches.apply()  # a py-libp2p they do not fit: one line, as the fatal error
-        reach.count_as_lan(settings.get("lan_ranges", []))
+        addresses.count_as_lan(settings.get("lan_ranges", []))
         check_ports_free([multiaddr.Multiaddr(a) for a in settings["listen"]])
         mapping = await _map_port(settings)
         network = Network(settings, out, mapping, exit_now=_exit)
+        patches.warn_unless_holding()  # the library's modules it uses are loaded now
     except (NetError, ValueError) as exc:
         await out.send(["fatal", str(exc)])
         return 1
@@ -100,7 +96,7 @@ async def _map_port(settings: dict[str, Any]) -> upnp.Mapping | None:
     if not settings.get("upnp") or settings["announce"] or settings.get("reachability") != "auto":
         return None
     shown = announced_addresses(settings["listen"], [])
-    if reach.decide("auto", [], shown) != "private":
+    if addresses.decide("auto", [], shown) != "private":
         return None
     ports = [
         int(parts[4])

@@ -84,7 +84,7 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
         announce = [multiaddr.Multiaddr(a) for a in settings["announce"]]
         self.host = new_host(
             key_pair=self.key,
-            # Noise only (docs/libp2p.md#noise-only)
+            # Noise only: the library's default list also offers secio and plaintext
             sec_opt={
                 NOISE_PROTOCOL_ID: NoiseTransport(
                     self.key, noise_privkey=create_new_x25519_key_pair().private_key
@@ -100,7 +100,15 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
                 settings["max_connections"], settings["max_peers"]
             ),
         )
-        patches.guard_swarm(self.host.get_network())
+        # docs/libp2p.md#connection-limits: each address's share of the accepted
+        # connections, and a newcomer takes the slot of a peer that gives nothing
+        self.accepted = patches.guard_swarm(
+            self.host.get_network(),
+            per_ip=settings.get("max_inbound_per_ip"),
+            per_net=settings.get("max_inbound_per_net"),
+            gives=self._gives,
+            prune_after_s=settings.get("inbound_prune_after_s", patches.PRUNE_AFTER_S),
+        )
         if settings["mdns"]:
             # The swarm's service name, not IPFS's (the host's own mDNS takes none, so it
             # is made here; the host starts it when it listens); it announces the
@@ -124,7 +132,8 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
         self.refused_said = (0, -REFUSED_NOTICE_S)  # inbound_refused when last logged, when
 
     async def run(self, commands: ipc.FrameReader) -> None:
-        # docs/libp2p.md#start-order: pubsub and gossipsub run before the host listens or dials
+        # Pubsub and gossipsub run before the host listens or dials: with peers dialled
+        # first, the node never became ready (docs/libp2p.md#start-order)
         async with (
             background_trio_service(self.pubsub),
             background_trio_service(self.gossipsub),
@@ -234,6 +243,20 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
             await self.out.send(["stats", self.stats()])
             await trio.sleep(1.0)
 
+    def _gives(self, peer: ID) -> bool:
+        """Whether ``peer`` gives this node anything: it is in one of its meshes, or
+        delivered a message to it first (the scorer counts those while it is connected).
+        When every inbound slot is taken, one that gives nothing makes room."""
+        router = getattr(self, "gossipsub", None)
+        if router is None:
+            return True
+        if any(peer in peers for peers in router.mesh.values()):
+            return True
+        scorer = router.scorer
+        return (
+            scorer is not None and sum(scorer.first_message_deliveries.get(peer, {}).values()) > 0
+        )
+
     def _notice_refused(self) -> None:
         """Say, at most once in REFUSED_NOTICE_S, that connections dialled to this node
         were refused at its limits (docs/libp2p.md#connection-limits)."""
@@ -271,6 +294,9 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
             "bad_frames": COUNTERS.bad_frames,
             "backpressure_waits": COUNTERS.backpressure_waits,
             "inbound_refused": COUNTERS.inbound_refused,  # at net.max_connections' limits
+            "inbound": sum(a.conn is not None for a in self.accepted),  # dialled to it, held
+            "inbound_capped": COUNTERS.inbound_capped,  # of those, at an address's share
+            "inbound_pruned": COUNTERS.inbound_pruned,  # closed for a newcomer: gave nothing
             # peer -> when its ban ends (wall clock): the parent keeps them (peerstate.py)
             "banned": {p.pretty(): until for p, until in self.banned.items()},
             "scores": {

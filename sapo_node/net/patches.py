@@ -27,24 +27,34 @@ import contextlib
 import importlib
 import importlib.metadata
 import sys
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import multiaddr
+import structlog
 import trio
 
-from sapo_node.net import NetError, reach
+from sapo_node import addresses
+from sapo_node.net import NetError
 from sapo_node.net.state import COUNTERS, STATE
 
 LIBP2P_VERSION = "0.8.1"
-OUTBOUND_QUEUE = 512  # RPCs per peer (docs/libp2p.md#outbound-queues; the library's: 32)
+# RPCs a peer's outbound queue holds: the library's 32 dropped a burst beyond them,
+# silently (docs/libp2p.md#outbound-queues).
+OUTBOUND_QUEUE = 512
 # The swarm's DHT protocol id (protocol/SPEC.md section 2, *Discovery*), for the library's
-# IPFS one: on that, the swarm's DHT joined the public IPFS DHT (docs/libp2p.md#the-dhts-
-# protocol-id).
+# IPFS one: on that, the swarm's DHT joined the public IPFS DHT.
+# docs/libp2p.md#the-dhts-protocol-id
 DHT_PROTOCOL = "/sapo/kad/1.0.0"
 LIBRARY_DHT_PROTOCOL = "/ipfs/kad/1.0.0"
 DOCS = "docs/libp2p.md#patches"
+# An accepted peer that gives nothing (no mesh, no delivery) keeps its slot this long
+# before a newcomer may take it: time to join a mesh, and no churn from a flood of dials.
+PRUNE_AFTER_S = 60.0
+PRUNE_WAIT_S = 2.0  # a newcomer waits this long for the slot of the peer pruned for it
 
 
 class PatchError(NetError):
@@ -82,7 +92,7 @@ OVERRIDDEN: dict[str, tuple[str, ...]] = {
         "_close_relayed_conns_after_grace", "_get_observed_addrs",
     ),
     "libp2p.host.autonat.autonat:AutoNATService": (
-        "handle_stream", "_try_dial", "_handle_request", "_observed_ip",
+        "handle_stream", "_try_dial", "_handle_request", "_observed_ip", "_filter_by_observed_ip",
     ),
     "libp2p.kad_dht.routing_table:RoutingTable": ("add_peer",),
     "libp2p.kad_dht.provider_store:ProviderStore": ("add_provider",),
@@ -190,6 +200,20 @@ def still_holding() -> list[str]:
     return sorted(out)
 
 
+def warn_unless_holding() -> list[str]:
+    """What :func:`still_holding` finds, in one warning line if anything: the network
+    process asks once its parts are built, when the library modules it uses are loaded.
+    A module found there imported a replaced function in a way :func:`apply` did not
+    foresee (a library change, most likely) and uses the library's own: the line names
+    it for whoever runs the node, and the network runs on."""
+    stale = still_holding()
+    if stale:
+        structlog.get_logger("sapo_node.net").warning(
+            f"py-libp2p patches do not hold everywhere ({DOCS})", still_the_librarys=stale
+        )
+    return stale
+
+
 def check_state(obj: Any, names: Iterable[str], what: str) -> None:
     """The attributes ``names`` the node uses on the library's object ``obj``."""
     missing = [n for n in names if not hasattr(obj, n)]
@@ -200,8 +224,9 @@ def check_state(obj: Any, names: Iterable[str], what: str) -> None:
 def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool]) -> None:
     """docs/libp2p.md#dht-routing-table: the routing table takes a peer only when
     ``admits`` it (identify says it serves the DHT, from an address others can dial);
-    a public node's provider store keeps only addresses outside the LAN ranges; and what
-    this node provides shows only what a stranger may see."""
+    the provider store keeps no IPv4-mapped address, and a public node's none in the LAN
+    ranges (addresses.is_lan: judged by the IPv4 address an IPv6 one embeds); and what this
+    node provides shows only what a stranger may see."""
     from libp2p.peer.peerinfo import PeerInfo
 
     check_state(dht, ("routing_table", "provider_store", "host"), "the DHT")
@@ -216,15 +241,15 @@ def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool
         return await library_add(peer, skip_server_mode_check=True)
 
     def add_provider(key: bytes, provider: Any) -> None:
-        addrs = provider.addrs
+        addrs = [a for a in provider.addrs if not addresses.is_mapped_addr(str(a))]
         if public():
-            addrs = [a for a in addrs if not reach.is_lan_addr(str(a))]
+            addrs = [a for a in addrs if not addresses.is_lan_addr(str(a))]
         if addrs:
             library_provide(key, PeerInfo(provider.peer_id, addrs))
 
     table.add_peer = add_peer
     store.add_provider = add_provider
-    store.host = Shown(store.host)
+    store.host = StrangerFacingHost(store.host)
 
 
 async def find_providers(dht: Any, key: str, count: int) -> list[Any]:
@@ -264,12 +289,86 @@ def connection_config(max_connections: int, dialled: int) -> Any:
     )
 
 
-def guard_swarm(swarm: Any) -> None:
+@dataclass(eq=False)  # each is one connection: found by identity
+class Accepted:
+    """A connection dialled to this node, from when it is accepted until it closes:
+    where from (its IP as addresses.judged writes it, and addresses.network_of), since when,
+    and, once the handshake named it, its peer and swarm connection."""
+
+    ip: str
+    net: str
+    since: float
+    peer: Any = None
+    conn: Any = None
+    pruned: bool = False
+
+
+def over_cap(held: list[Accepted], new: Accepted, per_ip: int | None, per_net: int | None) -> bool:
+    """Whether ``new`` would pass its address's share of the accepted connections:
+    ``per_ip`` from one IP, ``per_net`` from one /24 or /48 (None: no cap).
+
+    >>> at = lambda ip: Accepted(ip, addresses.network_of(ip), 0.0)
+    >>> held = [at("198.18.0.1"), at("198.18.0.2")]
+    >>> over_cap(held, at("198.18.0.1"), 1, 8), over_cap(held, at("198.18.0.3"), 1, 2)
+    (True, True)
+    >>> over_cap(held, at("198.18.1.1"), 1, 2), over_cap(held, at("198.18.0.3"), None, None)
+    (False, False)
+    """
+    same_ip = sum(a.ip == new.ip for a in held)
+    same_net = sum(a.net == new.net for a in held)
+    return (per_ip is not None and same_ip >= per_ip) or (
+        per_net is not None and same_net >= per_net
+    )
+
+
+def least_giving(
+    held: list[Accepted], now: float, gives: Callable[[Any], bool], after_s: float
+) -> Accepted | None:
+    """The accepted connection to close for a newcomer when every slot is taken: one
+    whose peer gives this node nothing (``gives``: no mesh, no delivery) though it has
+    had ``after_s`` to; of those, one from the network (/24, /48) that holds the most,
+    the oldest first. None when every one gives or is too new.
+
+    >>> old = lambda ip, t, peer: Accepted(ip, addresses.network_of(ip), t, peer, object())
+    >>> held = [old("198.18.0.1", 0.0, "a"), old("198.18.1.1", 5.0, "b")]
+    >>> held.append(old("198.18.1.2", 9.0, "c"))
+    >>> least_giving(held, 100.0, lambda p: False, 60.0).peer  # the /24 holding two
+    'b'
+    >>> least_giving(held, 100.0, lambda p: p != "a", 60.0).peer
+    'a'
+    >>> least_giving(held, 50.0, lambda p: False, 60.0) is None  # none had its time
+    True
+    """
+    nets = Counter(a.net for a in held)
+    idle = [
+        a
+        for a in held
+        if a.conn is not None and not a.pruned and now - a.since >= after_s and not gives(a.peer)
+    ]
+    return min(idle, key=lambda a: (-nets[a.net], a.since), default=None)
+
+
+def guard_swarm(
+    swarm: Any,
+    *,
+    per_ip: int | None = None,
+    per_net: int | None = None,
+    gives: Callable[[Any], bool] = lambda peer: True,
+    prune_after_s: float = PRUNE_AFTER_S,
+) -> list[Accepted]:
     """docs/libp2p.md#connection-limits: an accepted connection holds its inbound slot
     while it lives (the library's handler holds it until the swarm stops, so a node that
-    had accepted its share, in all its life, accepted no more); one refused for want of a
-    slot, or at ``max_connections``, is counted (``inbound_refused``). The library's
-    auto-connector dials nobody: discovery dials, within ``net.max_peers``."""
+    had accepted its share, in all its life, accepted no more). One IP holds at most
+    ``per_ip`` accepted connections and one /24 or /48 ``per_net`` (an IPv6 address
+    that embeds an IPv4 one counts as it: addresses.network_of), so that one host with many
+    identities cannot take every slot. When every slot is taken, a newcomer takes the
+    slot of a peer that gives nothing (:func:`least_giving`). A connection refused for
+    want of a slot, at ``max_connections`` or at its address's cap is counted
+    (``inbound_refused``, ``inbound_capped``), one closed for a newcomer too
+    (``inbound_pruned``). A direct connection from outside the LAN accepted while the
+    node is public is noted (``STATE.dialled_in_at``): AutoNAT's evidence that peers
+    can dial it. The library's auto-connector dials nobody: discovery dials, within
+    ``net.max_peers``. Returns the list of accepted connections it keeps."""
     from libp2p.abc import IMuxedConn
     from libp2p.network.connection.raw_connection import RawConnection
 
@@ -284,40 +383,84 @@ def guard_swarm(swarm: Any) -> None:
     )  # fmt: skip
     check_state(swarm.auto_connector, ("maybe_connect",), "the swarm's auto-connector")
     library_inbound, slots = swarm._handle_inbound_connection, swarm._inbound_limiter
+    held: list[Accepted] = []
+
+    def take_slot() -> bool:
+        if len(swarm.get_connections()) >= swarm.connection_config.max_connections:
+            return False
+        return _acquired(slots)
+
+    async def make_room() -> bool:
+        """Close the connection of a peer that gives nothing, and take its slot."""
+        gone = least_giving(held, trio.current_time(), gives, prune_after_s)
+        if gone is None:
+            return False
+        gone.pruned = True
+        COUNTERS.inbound_pruned += 1
+        with contextlib.suppress(Exception):
+            await gone.conn.close()
+        with trio.move_on_after(PRUNE_WAIT_S):
+            # its slot comes back as it starts closing; the swarm lets it go just after
+            while gone.conn in swarm.get_connections() or not take_slot():
+                await trio.sleep(0.02)
+            return True
+        return False
+
+    def refuse(capped: bool = False) -> None:
+        COUNTERS.inbound_refused += 1
+        COUNTERS.inbound_capped += capped
 
     async def handle_inbound(conn: Any, maddr: multiaddr.Multiaddr) -> None:
         if isinstance(conn, IMuxedConn):  # QUIC and its kind: the node listens on TCP only
             await library_inbound(conn, maddr)
             return
-        full = len(swarm.get_connections()) >= swarm.connection_config.max_connections
-        if full or not _acquired(slots):
-            COUNTERS.inbound_refused += 1
+        remote = None
+        with contextlib.suppress(Exception):
+            remote = swarm._build_remote_multiaddr(conn)
+        ip = addresses.ip_of(str(remote)) if remote is not None else None
+        seen = addresses.judged(ip) if ip else None  # ::ffff:a.b.c.d counts as a.b.c.d
+        where = str(seen) if seen else "unknown"
+        me = Accepted(where, addresses.network_of(where), trio.current_time())
+        if over_cap(held, me, per_ip, per_net):
+            refuse(capped=True)
             with contextlib.suppress(Exception):
                 await conn.close()
             return
-        raw = None
+        held.append(me)  # counted from now: a crowd dialling at once sees its own
         try:
-            remote = swarm._build_remote_multiaddr(conn)
-            if remote is not None and not await swarm.connection_gate.is_allowed(remote):
-                await conn.close()
+            if not take_slot() and not await make_room():
+                refuse()
+                with contextlib.suppress(Exception):
+                    await conn.close()
                 return
-            raw = RawConnection(conn, False)
-            muxed = await swarm.upgrade_inbound_raw_conn(raw, maddr)
-            for held in swarm.get_connections(muxed.peer_id):
-                if held.muxed_conn is muxed:
-                    await held.event_closed.wait()
-                    break
-        except Exception:
-            with contextlib.suppress(Exception):
-                await (raw or conn).close()
+            raw = None
+            try:
+                if remote is not None and not await swarm.connection_gate.is_allowed(remote):
+                    await conn.close()
+                    return
+                raw = RawConnection(conn, False)
+                muxed = await swarm.upgrade_inbound_raw_conn(raw, maddr)
+                for live in swarm.get_connections(muxed.peer_id):
+                    if live.muxed_conn is muxed:
+                        me.peer, me.conn = muxed.peer_id, live
+                        if STATE.reachability == "public" and ip and not addresses.is_lan(ip):
+                            STATE.dialled_in_at = time.monotonic()
+                        await live.event_closed.wait()
+                        break
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await (raw or conn).close()
+            finally:
+                slots.release()
         finally:
-            slots.release()
+            held.remove(me)
 
     async def dial_nobody() -> None:
         return None
 
     swarm._handle_inbound_connection = handle_inbound
     swarm.auto_connector.maybe_connect = dial_nobody
+    return held
 
 
 def _acquired(slots: trio.CapacityLimiter) -> bool:
@@ -328,9 +471,11 @@ def _acquired(slots: trio.CapacityLimiter) -> bool:
     return True
 
 
-class Shown:
-    """A host whose ``get_addrs`` are what a stranger may see: the DHT's provider store
-    puts them in the records it sends (py-libp2p takes ``host.get_addrs()`` whole)."""
+class StrangerFacingHost:
+    """The host as a stranger may see it: its ``get_addrs`` are only the addresses a
+    stranger may see (``STATE.shown``), everything else is the host's own. The DHT's
+    provider store and the signed peer record put ``host.get_addrs()`` whole into what
+    they send, so they are given this instead."""
 
     def __init__(self, host: Any) -> None:
         self._host = host
@@ -365,7 +510,7 @@ def _replacements() -> dict[str, Any]:
         """The library's identify message, with the addresses this peer may see."""
         message = identify(host, observed)
         addrs = [str(multiaddr.Multiaddr(a)) for a in message.listen_addrs]
-        keep = STATE.shown(addrs, reach.ip_of(str(observed)) if observed else None)
+        keep = STATE.shown(addrs, addresses.ip_of(str(observed)) if observed else None)
         if keep != addrs:
             del message.listen_addrs[:]
             message.listen_addrs.extend(multiaddr.Multiaddr(a).to_bytes() for a in keep)
@@ -375,7 +520,7 @@ def _replacements() -> dict[str, Any]:
     def shown_record(host: Any) -> tuple[bytes, bool]:
         """The signed peer record py-libp2p attaches to pubsub, DHT and identify messages,
         over what a stranger may see instead of ``host.get_addrs()`` whole."""
-        return record(Shown(host))
+        return record(StrangerFacingHost(host))
 
     return {
         "read_varint_prefixed_bytes_limited": counting_read,

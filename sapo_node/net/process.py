@@ -67,18 +67,14 @@ class Libp2pTransport:
         self.peer_id = identity.peer_id_of(data_dir)
         # The shard topics this node joins (docs/scale.md), its home shard's first: with
         # one shard, the swarm's single topic.
-        self.shards = wire.shards_of(identity.id_bytes(self.peer_id), net.shards, net.shards_joined)
-        self.topics = [wire.shard_topic(net.swarm, i, net.shards) for i in self.shards]
+        me = identity.id_bytes(self.peer_id)
+        self.shards = wire.shards_of(me, net.shards, net.shards_joined)
+        self.topics = wire.shard_topics(net.swarm, me, net.shards, net.shards_joined)
         self.topic = self.topics[0]
         # While the swarm changes its shard count: this node's shards of the count before
         # too (SPEC.md section 2.2, changing S)
         topics_before = (
-            [
-                wire.shard_topic(net.swarm, i, net.shards_before)
-                for i in wire.shards_of(
-                    identity.id_bytes(self.peer_id), net.shards_before, net.shards_joined
-                )
-            ]
+            wire.shard_topics(net.swarm, me, net.shards_before, net.shards_joined)
             if net.shards_before
             else []
         )
@@ -102,6 +98,8 @@ class Libp2pTransport:
             "redial_s": net.redial_s,
             "max_peers": net.max_peers,
             "max_connections": net.max_connections,
+            "max_inbound_per_ip": net.max_inbound_per_ip,
+            "max_inbound_per_net": net.max_inbound_per_net,
             "mesh_degree": net.mesh_degree,
             "relay_reservations": net.relay_reservations,
             "relay_circuits": net.relay_circuits,

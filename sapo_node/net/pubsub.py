@@ -25,6 +25,7 @@ from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
+from libp2p.pubsub.validators import signature_validator
 
 from sapo_node.intake import peerstate, wire
 from sapo_node.intake.pool import RateLimiter
@@ -46,15 +47,19 @@ BACKPRESSURE_FILL = 0.5  # publish waits while a peer's queue is fuller than thi
 BACKPRESSURE_WAIT_S = 10.0
 
 
-INBOUND_RPC_LIMIT = (
-    8 * 2**20
-)  # docs/libp2p.md#message-size: above js-libp2p's 4 MiB; the real cap is wire's
+# A receiver resets the stream of a peer that sends an RPC above this, dropping it from
+# pubsub. js-libp2p sends up to 4 MiB, so the limit is above that, and the real cap
+# (wire's, under 1 MiB) is enforced in the validator, where an oversized message is
+# refused instead of cutting the link (docs/libp2p.md#message-size).
+INBOUND_RPC_LIMIT = 8 * 2**20
 
 
-EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (docs/libp2p.md#equivocation-memory)
+# Digests of (author, seqno) kept for the equivocation check, where the library kept every
+# whole message it saw, forever.
+EQUIVOCATION_MEMORY = 8192
 
 
-EXCUSED_MEMORY = 8192  # ids of messages refused through no sender's fault
+EXCUSED_MEMORY = 8192  # signed messages refused through no sender's fault (id, digest)
 
 
 BAN_S = 600.0  # a peer whose score falls below the graylist threshold is ignored this long
@@ -72,6 +77,17 @@ SCORE_DECAY = 0.999  # per 1 s heartbeat, of invalid messages and behaviour pena
 SEEN_TTL_S = 120
 
 
+def signed_digest(msg: Any) -> bytes:
+    """A digest of what an author signs of a message (its author, seqno, data and topic
+    list). Once the signature is checked, no one but the author can make another message
+    with this digest; the library's message id (author + seqno) anyone can claim."""
+    h = hashlib.sha256()
+    for part in (msg.from_id, msg.seqno, msg.data, *(t.encode() for t in msg.topicIDs)):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.digest()
+
+
 class SwarmScorer(PeerScorer):
     """The library's scorer, except that for one message a forwarder is charged at most
     once, and not at all when the validator *ignored* the message (another version, a
@@ -79,7 +95,7 @@ class SwarmScorer(PeerScorer):
 
     py-libp2p charges the forwarder of a refused message once for each entry of the
     message's topic list, which the author chooses and signs: with ``[A, A]`` each
-    refusal cost an honest relay twice, and the excuse covered one entry (issue 46).
+    refusal cost an honest relay twice, and the excuse covered one entry.
     A charge lands on a topic this node joined (its home topic if the message's is not
     one), so that it counts in the score the ban reads."""
 
@@ -171,20 +187,25 @@ class SwarmGossipSub(GossipSub):
 class SwarmPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Ids of messages refused through no fault of whoever relays them (another
-        # version, the author over its rate): further copies are dropped unchecked and at
-        # no cost, where the library would answer from its validation cache and charge
-        # each honest relay as for an invalid message.
-        self.excused: OrderedDict[bytes, None] = OrderedDict()
-        # seqnos from nanoseconds, not seconds (docs/libp2p.md#sequence-numbers)
+        # Messages refused through no fault of whoever relays them (another version, the
+        # author over its rate), only once their signature is checked: message id ->
+        # ``signed_digest``. Further copies (same digest) are dropped unchecked and at no
+        # cost, where the library would answer from its validation cache and charge each
+        # honest relay as for an invalid message. The id finds the entry cheaply; the
+        # digest, which no one but the author can match, decides.
+        self.excused: OrderedDict[bytes, bytes] = OrderedDict()
+        # seqnos from nanoseconds: the library's, from seconds, made a node restarted
+        # within seconds reuse seqnos peers had seen, and its messages were dropped as
+        # duplicates (docs/libp2p.md#sequence-numbers)
         self.counter = time.time_ns()
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
         self.writing = 0  # writes to peers' streams in hand (``drained``)
         # The network loop's own per-peer maps, forgotten with the library's state.
         self.own_peer_maps: list[dict[ID, Any]] = []
         self.on_forget: Any = None  # called with a peer just before it is forgotten
-        # called with (forwarder, message) before anything else: True if it refused the
-        # message for its topic list (Network._refuse_topics)
+        # called with (forwarder, message) once its signature is checked, before the
+        # library's checks: True if it refused the message for its topic list
+        # (PubsubBehaviour._refuse_topics)
         self.refuse_topics: Any = None
 
     # --- forgetting a peer -------------------------------------------------------------
@@ -195,7 +216,7 @@ class SwarmPubsub(Pubsub):
     # queueing an IDONTWANT for every message to it, and nothing drained the queue. When
     # the peer then disconnects, ``_handle_dead_peer`` returns early for a peer without a
     # stream, so that state stayed for good; at half the queue full, backpressure held
-    # every own publish 10 s, and own publishing stopped (issue 11). So a ban and a
+    # every own publish 10 s, and own publishing stopped. So a ban and a
     # disconnect both end in ``forget_peer``.
 
     def forget_peer(self, peer: ID) -> Any:
@@ -347,7 +368,8 @@ class SwarmPubsub(Pubsub):
         return True
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
-        """One writer at a time per stream: the queue and the replay interleaved frames
+        """One writer at a time per stream: the queue and the replay interleaved large
+        frames on one yamux stream, which crashed the receiving side
         (docs/libp2p.md#serialised-writes)."""
         lock = self._write_locks.setdefault(stream, trio.Lock())
         self.writing += 1
@@ -361,7 +383,8 @@ class SwarmPubsub(Pubsub):
         return ok
 
     async def stream_handler(self, stream: Any) -> None:
-        """A malformed frame resets that peer's stream, never the whole host
+        """A malformed frame resets that peer's stream, never the whole host: in the
+        library a decode error leaves the stream handler and ends the host's event loop
         (docs/libp2p.md#malformed-frames).
 
         A banned peer's new stream is reset unread: the library would take its
@@ -393,8 +416,14 @@ class SwarmPubsub(Pubsub):
         The library drops, unvalidated and at no cost, messages from a peer whose score
         is below the publish threshold, so invalid messages alone could never take a
         peer down to the graylist and the ban. Here each such message costs as an
-        invalid one: a peer that goes on sending once refused is banned."""
-        if self.get_message_id(msg) in self.excused:
+        invalid one: a peer that goes on sending once refused is banned.
+
+        Nothing a message says is believed before its signature is checked here (the
+        library checks it only after its own gates, and again): not its topic list, and
+        not its id, which a forger could otherwise have excused ahead of the author's
+        real message, and so silence the author."""
+        excused = self.excused.get(self.get_message_id(msg))
+        if excused is not None and excused == signed_digest(msg):
             return
         scorer = self.router.scorer
         fresh = (
@@ -402,6 +431,8 @@ class SwarmPubsub(Pubsub):
             and not self.is_peer_blacklisted(ID(msg.from_id))
             and not self._is_msg_seen(msg)
         )
+        if fresh and not self._signed(msg_forwarder, msg):
+            return
         if fresh and self.refuse_topics is not None and self.refuse_topics(msg_forwarder, msg):
             return
         if (
@@ -420,6 +451,25 @@ class SwarmPubsub(Pubsub):
             log.warning("bad pubsub message", peer=str(msg_forwarder), error=repr(exc)[:200])
             if scorer is not None:
                 scorer.charge(msg_forwarder, msg.topicIDs[0] if msg.topicIDs else "")
+
+    def _signed(self, forwarder: ID, msg: Any) -> bool:
+        """The author's signature holds (or signing is off). A message whose signature
+        fails is its forwarder's fault, whoever it names as author: honest peers check
+        signatures before they forward (strict signing). It is counted as a bad frame
+        and costs the forwarder as an invalid message; it is logged at debug only, since
+        a forger chooses how many there are."""
+        if not self.strict_signing:
+            return True
+        try:
+            if signature_validator(msg):
+                return True
+        except Exception:  # a key that does not parse
+            pass
+        COUNTERS.bad_frames += 1
+        log.debug("message with a bad signature", via=str(forwarder))
+        if self.router.scorer is not None:
+            self.router.scorer.charge(forwarder, msg.topicIDs[0] if msg.topicIDs else "")
+        return False
 
 
 def score_params() -> ScoreParams:
@@ -459,15 +509,24 @@ class PubsubBehaviour:
             degree=degree,
             degree_low=max(1, degree * 2 // 3),
             degree_high=degree * 2,
-            heartbeat_interval=1,  # docs/libp2p.md#heartbeat: 1 s heartbeat, no adaptive stretching
+            # The library's heartbeat is 120 s, and adaptive gossip stretches it further in
+            # a swarm smaller than the mesh degree: meshes would take minutes to form and
+            # repair (docs/libp2p.md#heartbeat).
+            heartbeat_interval=1,
             heartbeat_initial_delay=0.1,
             adaptive_gossip_enabled=False,
-            spam_protection_enabled=False,  # docs/libp2p.md#spam-protection
+            # The library's spam protection stops forwarding, silently, past 10 messages a
+            # second per topic per forwarder, own publishes included; each author is
+            # rate-limited in the validator instead (docs/libp2p.md#spam-protection).
+            spam_protection_enabled=False,
             score_params=score_params(),
             eclipse_protection_enabled=False,
         )
         self.scorer = SwarmScorer(self.gossipsub.scorer.params, self.topics)
         self.gossipsub.scorer = self.scorer
+        # The default message id (author + seqno) is kept: the library's message cache
+        # ignores a custom id function, and SPEC section 2 requires the default of every
+        # implementation so that gossip recovery works between them.
         self.pubsub = SwarmPubsub(
             self.host,
             self.gossipsub,
@@ -475,7 +534,7 @@ class PubsubBehaviour:
             max_inbound_rpc_size=INBOUND_RPC_LIMIT,
             seen_ttl=SEEN_TTL_S,
             validation_cache_size=4096,
-        )  # docs/libp2p.md#message-ids: the default message id (author + seqno) is kept
+        )
         patches.check_state(self.pubsub, patches.PUBSUB_STATE, "Pubsub")
         patches.check_state(self.gossipsub, patches.ROUTER_STATE, "GossipSub")
         patches.check_state(self.scorer, patches.SCORER_STATE, "PeerScorer")
@@ -548,15 +607,17 @@ class PubsubBehaviour:
         self._forget_copies(msg)
 
     def _forget_copies(self, msg: Any) -> None:
-        """Later copies of ``msg`` are dropped unchecked and at no cost."""
-        self.pubsub.excused[self.pubsub.get_message_id(msg)] = None
+        """Later copies of ``msg``, whose signature is checked, are dropped unchecked and
+        at no cost."""
+        self.pubsub.excused[self.pubsub.get_message_id(msg)] = signed_digest(msg)
         while len(self.pubsub.excused) > EXCUSED_MEMORY:
             self.pubsub.excused.popitem(last=False)
 
     def _refuse_topics(self, forwarder: ID, msg: Any) -> bool:
         """protocol/SPEC.md section 2.2, *A message's topics*: refuse a message whose
         topic list repeats a topic, names a topic not of this swarm, or none this node
-        joined. The author signed the list; only an author that sends it itself is
+        joined. Called once the signature is checked: the author signed the list, so a
+        refusal counts against the author, and only an author that sends it itself is
         charged (once): a relay of another version forwards such messages in good faith."""
         topics = list(msg.topicIDs)
         reason = wire.topics_refusal(topics, self.topic, self.topics)

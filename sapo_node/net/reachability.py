@@ -3,7 +3,7 @@
 Relay reservations for a private node (circuit relay v2), hole punching (DCUtR) and the
 pubsub stream's move onto a direct connection, AutoNAT checks of a public node, the
 router's port mapping (UPnP, net/upnp.py) and the addresses shown to peers
-(net/state.py, net/reach.py). Each is in docs/libp2p.md, *Reachability*.
+(net/state.py, addresses.py). Each is in docs/libp2p.md, *Reachability*.
 """
 
 from __future__ import annotations
@@ -27,11 +27,8 @@ from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 
-from sapo_node.net import (
-    autonat,
-    reach,
-    upnp,
-)
+from sapo_node import addresses
+from sapo_node.net import autonat, upnp
 from sapo_node.net.discovery import DIAL_TIMEOUT_S
 from sapo_node.net.state import STATE
 
@@ -108,7 +105,7 @@ class SwarmDCUtR(DCUtRProtocol):
         addrs = await super()._get_observed_addrs()
         if STATE.reachability != "private":
             return addrs
-        return [a for a in addrs if not reach.is_lan_addr(str(multiaddr.Multiaddr(a)))]
+        return [a for a in addrs if not addresses.is_lan_addr(str(multiaddr.Multiaddr(a)))]
 
 
 _interfaces: tuple[float, list[str]] = (0.0, [])
@@ -132,8 +129,8 @@ def _interface_ips() -> list[str]:
 
 
 def interface_addresses(addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
-    """A wildcard listen address is announced as each interface's address
-    (docs/libp2p.md#announced-addresses)."""
+    """A wildcard listen address is announced as each interface's address: the library
+    announced 0.0.0.0, which no peer can dial (docs/libp2p.md#announced-addresses)."""
     if not any(str(a).startswith("/ip4/0.0.0.0/") for a in addrs):
         return addrs
     ips = _interface_ips()
@@ -167,12 +164,12 @@ class ReachabilityBehaviour:
     def _init_reachability(
         self, settings: dict[str, Any], announce: list[Any], mapping: upnp.Mapping | None
     ) -> None:
-        """Whether peers elsewhere can dial this node (net/reach.py), and the relay, DCUtR
+        """Whether peers elsewhere can dial this node (addresses.py), and the relay, DCUtR
         and AutoNAT services that follow from it; ``mapping``: a port the home router maps
         to this node (UPnP)."""
         self.mapping = mapping
         shown = [str(a) for a in announce] or [str(a) for a in interface_addresses(self.listen)]
-        self.reachability, self.reason = reach.explain(
+        self.reachability, self.reason = addresses.explain(
             settings.get("reachability", "auto"), announce, shown
         )
         if mapping is not None:
@@ -300,7 +297,11 @@ class ReachabilityBehaviour:
                 break
             try:
                 serves = str(HOP_PROTOCOL_ID) in (store.get_protocols(peer) or ())
-                addrs = [str(a) for a in store.addrs(peer) if not reach.is_lan_addr(str(a))]
+                addrs = [
+                    str(a)
+                    for a in store.addrs(peer)
+                    if not addresses.is_lan_addr(str(a)) and not addresses.is_mapped_addr(str(a))
+                ]
             except Exception:
                 continue
             if peer in self.relays or not serves or not addrs:
@@ -338,7 +339,7 @@ class ReachabilityBehaviour:
         self.autonat_answers = {}
         asked: dict[ID, float] = {}  # server -> when it was last asked
         again_s = self.s.get("autonat_retry_s", autonat.PEER_EVERY_S)
-        dialled_in = False
+        dialled_in, began = False, time.monotonic()
         while True:
             now = trio.current_time()
             servers = self._autonat_servers()
@@ -351,27 +352,35 @@ class ReachabilityBehaviour:
                 self.autonat_failed_at = trio.current_time()
             # while private, an inbound connection is a hole punch: no evidence
             public = self.reachability == "public"
-            dialled_in = dialled_in or (public and self._dialled_in_from_outside())
+            dialled_in = dialled_in or (public and self._dialled_in_from_outside(began))
             waited = trio.current_time() - (self.autonat_failed_at or math.inf)
             unreached = not dialled_in and waited >= self.s.get("autonat_alone_s", autonat.ALONE_S)
-            found = autonat.verdict(self.autonat_answers.items(), unreached=unreached)
+            found = autonat.verdict(
+                self.autonat_answers.items(),
+                unreached=unreached,
+                dialled_in=dialled_in,
+                reached_before=STATE.dialled_in_at > -math.inf,
+            )
             if found is not None:
                 self.autonat_failed_at = None
                 return found
             await trio.sleep(max(1.0, self.s["redial_s"]))
 
-    def _dialled_in_from_outside(self) -> bool:
+    def _dialled_in_from_outside(self, since: float = math.inf) -> bool:
         """Whether a peer outside the LAN holds a direct connection that it dialled to
-        this node: one that could dial it."""
+        this node, or dialled one since ``since`` (time.monotonic; patches.guard_swarm
+        notes each): one that could dial it."""
+        if STATE.dialled_in_at >= since:
+            return True
         for peer in list(self.host.get_network().connections):
             for conn in self._conns(peer):
                 with contextlib.suppress(Exception):
                     inbound = conn.direction == Direction.INBOUND
-                    ips = [reach.ip_of(str(a)) for a in conn.get_transport_addresses() or ()]
+                    ips = [addresses.ip_of(str(a)) for a in conn.get_transport_addresses() or ()]
                     if (
                         inbound
                         and not is_relayed(conn)
-                        and any(ip and not reach.is_lan(ip) for ip in ips)
+                        and any(ip and not addresses.is_lan(ip) for ip in ips)
                     ):
                         return True
         return False
@@ -393,7 +402,7 @@ class ReachabilityBehaviour:
         once); a server that does not answer counts for nothing."""
         ip = next(
             (
-                reach.ip_of(str(a))
+                addresses.ip_of(str(a))
                 for c in self._conns(peer)
                 if not is_relayed(c)
                 for a in (c.get_transport_addresses() or ())
@@ -432,7 +441,7 @@ class ReachabilityBehaviour:
             )
             return
         # the addresses peers elsewhere failed at; LAN peers still see the LAN ones
-        STATE.unreachable.update(a for a in addrs if not reach.is_lan_addr(a))
+        STATE.unreachable.update(a for a in addrs if not addresses.is_lan_addr(a))
         self.reachability, self.reason = "private", "autonat"
         STATE.reachability = "private"
         if self.dht is not None:

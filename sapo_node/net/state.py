@@ -8,7 +8,9 @@ record: net/patches.py) with nothing but the host, so it is one object per proce
 
 from __future__ import annotations
 
-from sapo_node.net import reach
+import math
+
+from sapo_node import addresses
 
 
 class Counters:
@@ -19,6 +21,8 @@ class Counters:
         self.bytes_in = self.bytes_out = self.published = self.bad_frames = 0
         self.backpressure_waits = 0
         self.inbound_refused = 0  # connections refused at the limits (patches.guard_swarm)
+        self.inbound_capped = 0  # of those, refused at their address's share
+        self.inbound_pruned = 0  # accepted ones closed for a newcomer (they gave nothing)
 
 
 class NetState:
@@ -26,16 +30,19 @@ class NetState:
     (docs/libp2p.md#addresses-shown-to-peers)."""
 
     def __init__(self) -> None:
-        self.reachability: reach.Reachability = "public"
+        self.reachability: addresses.Reachability = "public"
         self.relayed: list[str] = []  # its addresses through its relays (a private node's)
         self.unreachable: set[str] = set()  # addresses AutoNAT found peers cannot dial
+        # when (time.monotonic) a peer outside the LAN last dialled this node directly
+        # while it was public (patches.guard_swarm): AutoNAT's evidence of reachability
+        self.dialled_in_at = -math.inf
 
     def shown(self, addrs: list[str], peer_ip: str | None) -> list[str]:
-        """The addresses a peer from ``peer_ip`` may see (reach.shown; none that AutoNAT
+        """The addresses a peer from ``peer_ip`` may see (addresses.shown; none that AutoNAT
         found unreachable), then the relayed ones, which anyone may."""
         addrs = [a for a in addrs if a.split("/p2p/")[0] not in self.unreachable]
         relayed = [a for a in self.relayed if a not in addrs]
-        return reach.shown(self.reachability, addrs, peer_ip) + relayed
+        return addresses.shown(self.reachability, addrs, peer_ip) + relayed
 
 
 COUNTERS = Counters()

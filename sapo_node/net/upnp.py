@@ -1,6 +1,6 @@
 """A port mapping on the home router (UPnP IGD), so that a node behind NAT is public.
 
-At start, a node that would be private (``reach.decide``: only LAN addresses, nothing to
+At start, a node that would be private (``addresses.decide``: only LAN addresses, nothing to
 announce) asks the router on its LAN for a mapping of its TCP listen port, as kubo does.
 It then announces ``/ip4/<the router's external IP>/tcp/<port>`` and is public (reason
 ``upnp``). It is not when no router answers within ``DISCOVER_S``, the router refuses
@@ -11,7 +11,7 @@ py-libp2p 0.8.1 has a UPnP helper (``libp2p.discovery.upnp.UpnpManager``) but
 is not used here. miniupnpc raises an exception reading "Success" when *no* device
 answered, which it counts as one found; it judges the external IP with
 ``ipaddress.is_private``, which calls 198.18/15 private and 100.64/10 (carrier-grade
-NAT) public, the opposite of reach.is_lan; it maps for ever (lease 0: a node that
+NAT) public, the opposite of addresses.is_lan; it maps for ever (lease 0: a node that
 crashed keeps the port open on the router) and never renews; its blocking calls run in
 threads trio cannot abandon, so a bound around its discovery waits for miniupnpc's own
 (4 s here with no router); and it does not advertise the address it mapped. Each
@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 
-from sapo_node.net import reach
+from sapo_node import addresses
 
 DISCOVER_S = 2.0  # the most start-up waits for a router to answer and map
 DISCOVER_DELAY_MS = 1000  # miniupnpc's wait for SSDP answers, per search
@@ -84,7 +84,7 @@ def map_port(port: int) -> Mapping | str:
         external = gateway.externalipaddress() or ""
     except Exception as exc:
         return f"the UPnP router gave no external address ({exc})"
-    if not external or reach.is_lan(external):
+    if not external or addresses.is_lan(external):
         return (
             f"the UPnP router's external address ({external or 'none given'}) is not public: "
             "a double NAT or carrier-grade NAT"

@@ -37,6 +37,7 @@ from sapo_node.ops.resources import (
     model_info,
     safetensors_params,
 )
+from sapo_node.swarmfile import model_change
 
 PYTHON_MIN = (3, 11)  # pyproject's requires-python
 PYTHON_TESTED_MAX = (3, 13)
@@ -530,7 +531,7 @@ def check_identity_key(path: Path) -> Check:
 def check_swarm_file(cfg: Config) -> Check:
     """The node's tasks against its swarm file's (with others it runs, but it and the
     swarm refuse each other's groups), and the fields it recommends that it may not."""
-    from sapo_node.swarmfile import ignored_warning, tasks_warning
+    from sapo_node.swarmfile import ignored_warning, scoring_warning, tasks_warning
 
     differ = tasks_warning(cfg)
     if differ:
@@ -538,6 +539,9 @@ def check_swarm_file(cfg: Config) -> Check:
     ignored = ignored_warning(cfg)
     if ignored:
         return _warn("swarm file", ignored, "ask its organiser to drop those fields")
+    scoring = scoring_warning(cfg)
+    if scoring:
+        return _warn("swarm file", scoring, "nothing, unless you trust the file's source")
     n = len(cfg.net.bootstrap)
     return _pass(
         "swarm file", f"{cfg.net.swarm_file}: swarm {cfg.net.swarm}, its tasks, {n} bootstrap"
@@ -567,10 +571,16 @@ def check_lock(data_dir: Path) -> Check:
     return _pass("data dir", f"{data_dir}: not in use")
 
 
-def check_checkpoint(data_dir: Path, fingerprint: dict[str, Any], trains: bool = True) -> Check:
+def check_checkpoint(
+    data_dir: Path,
+    fingerprint: dict[str, Any],
+    trains: bool = True,
+    new_run: Callable[[Any], bool] | None = None,
+) -> Check:
     """The checkpoint a start would resume from belongs to this config (model, LoRA; a
-    generating member's data dir holds no trained weights); its hashes are checked at
-    start, not here."""
+    generating member's data dir holds no trained weights), or ``new_run`` says a start
+    sets it aside for a new run (the swarm file changed the model); its hashes are checked
+    at start, not here."""
     from sapo_node.checkpoint import STATE, WEIGHTS, CheckpointError, CheckpointStore
 
     try:
@@ -588,6 +598,12 @@ def check_checkpoint(data_dir: Path, fingerprint: dict[str, Any], trains: bool =
             "remove it and point checkpoints/LATEST at an older one",
         )
     theirs = state.get("fingerprint")
+    if theirs != fingerprint and new_run is not None and new_run(theirs):
+        return _warn(
+            "checkpoint",
+            f"{path} was made for {theirs}, the swarm file's model is {fingerprint}",
+            "nothing: start sets this run aside in runs/ and begins a new one",
+        )
     if theirs != fingerprint:
         return _fail(
             "checkpoint",
@@ -680,7 +696,14 @@ def run_checks(cfg: Config, *, no_train: bool = False) -> list[Check]:
                 )
             disk = disk_need(info, cfg, data_dir, name)
             checks.append(check_disk(disk, free_disk(data_dir), data_dir))
-        checks.append(check_checkpoint(data_dir, cfg.fingerprint(), cfg.train.enabled))
+        checks.append(
+            check_checkpoint(
+                data_dir,
+                cfg.fingerprint(),
+                cfg.train.enabled,
+                lambda made_for: model_change(cfg, made_for),
+            )
+        )
     checks.append(check_port(cfg.net.listen, cfg.net.enabled))
     if cfg.net.enabled and cfg.net.swarm_file is not None:
         checks.append(check_swarm_file(cfg))

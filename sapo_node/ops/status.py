@@ -192,11 +192,16 @@ class Status:
             "peer_groups": dict(outcomes.most_common()),
             "peer_completions": dict(sorted(completions.items())),
             "authors": _authors(per_author, _distrusted(n)),
-            "recent_refusals": [
-                {"time": t, "peer": a, "outcome": o, "reason": r, "detail": d}
-                for t, a, o, r, d in reversed(getattr(n.intake, "recent", ()))
-            ],
+            "recent_refusals": recent_refusals(n.intake),
         }
+
+
+def recent_refusals(intake: Any) -> list[dict[str, Any]]:
+    """The intake's last refusals, newest first, read while the round thread adds more."""
+    return [
+        {"time": t, "peer": a, "outcome": o, "reason": r, "detail": d}
+        for t, a, o, r, d in reversed(intake.recent_refusals())
+    ]
 
 
 def _distrusted(node: Any) -> set[str]:

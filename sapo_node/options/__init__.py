@@ -41,6 +41,7 @@ from sapo_node.options.training import (
 __all__ = [
     "DEFAULT_STATUS_LISTEN",
     "ENV_PREFIX",
+    "FINGERPRINT",
     "SWARM_NAME",
     "UNCHECKED_TOKENS",
     "Config",
@@ -66,6 +67,14 @@ __all__ = [
 ]
 
 
+# What a checkpoint records of its config, and must agree with to be resumed: its key in
+# the checkpoint, the config field.
+FINGERPRINT: dict[str, tuple[str, ...]] = {
+    "model": ("model", "name"),
+    "lora": ("model", "lora", "enabled"),
+}
+
+
 class Config(_Section):
     """The whole node config."""
 
@@ -89,5 +98,11 @@ class Config(_Section):
         return self
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fields a checkpoint must agree with to be resumed."""
-        return {"model": self.model.name, "lora": self.model.lora.enabled}
+        """The fields a checkpoint must agree with to be resumed (``FINGERPRINT``)."""
+        out: dict[str, Any] = {}
+        for key, path in FINGERPRINT.items():
+            value: Any = self
+            for name in path:
+                value = getattr(value, name)
+            out[key] = value
+        return out

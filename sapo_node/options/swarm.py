@@ -14,8 +14,9 @@ from pydantic import (
     model_validator,
 )
 
-from sapo_node.net.dnsaddr import parse as parse_bootstrap
-from sapo_node.net.dnsaddr import parse_nameserver
+from sapo_node.addresses import ip_of, is_mapped_addr, judged
+from sapo_node.dialaddr import parse as parse_bootstrap
+from sapo_node.dialaddr import parse_nameserver
 from sapo_node.options.base import DEFAULT_STATUS_LISTEN, SWARM_NAME, _Section, parse_host_port
 
 # a DNS name as a Host header gives it, lower case, without port or final dot
@@ -95,7 +96,8 @@ class DefenceSection(_Section):
     teach_first_choices: bool = Field(
         True,
         description="With answer_only, also teach each token of a checked peer completion's "
-        "other text that is this node's own first choice there (rank 0 under its policy): "
+        "other text that is this node's own first choice there, given the text before it "
+        "(rank 0 under its policy, float32 logits): "
         "a peer's reasoning, as far as this node would write it itself (measured: "
         "docs/results/families-confirm-cpu/). Nothing to widen with answer_only off.",
     )
@@ -171,6 +173,13 @@ class NetSection(_Section):
         description="Let the swarm file's [tasks] name custom families (module:attr), which "
         "this node imports and runs as Python code: only for a file whose source you trust "
         "(--allow-swarm-code; a swarm file cannot set it). false: such a file is refused.",
+    )
+    allow_swarm_scoring: bool = Field(
+        False,
+        description="Let the swarm file's [tasks] set how this node is asked and what it "
+        "counts as right (system_prompt, one_shot, reward, correct_threshold), which its "
+        "poisoning defences rely on (--allow-swarm-scoring; a swarm file cannot set it). "
+        "false: the file gives only the task families; these four are this node's own.",
     )
     listen: list[str] = Field(
         default_factory=lambda: ["/ip4/0.0.0.0/tcp/4141"],
@@ -266,6 +275,26 @@ class NetSection(_Section):
         "max_peers + the larger of max_peers (as many peers may dial in as it dials) and "
         "relay_reservations (each private peer it relays for holds a connection).",
     )
+    max_inbound_per_ip: int = Field(
+        32,
+        ge=1,
+        le=100_000,
+        description="Connections dialled to this node from one IP address, held at once "
+        "(an IPv6 address that embeds an IPv4 one counts as that IPv4 address): one host "
+        "with many identities takes no more of the inbound slots; past it, the host's "
+        "next connection is refused. Peers on one machine share its address (a local "
+        "swarm on loopback: 127.0.0.1), so raise it for a local swarm larger than this.",
+    )
+    max_inbound_per_net: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="Connections dialled to this node from one /24 (IPv4) or /48 (IPv6) "
+        "network, held at once: one operator's block of addresses takes no more of the "
+        "inbound slots. When every slot is taken, a newcomer from another network takes "
+        "the slot of a peer that gives nothing (in none of this node's meshes, no message "
+        "delivered first) and has been connected a minute.",
+    )
     mesh_degree: int = Field(6, ge=1, le=50, description="GossipSub mesh degree D.")
     shards: int = Field(
         1,
@@ -324,6 +353,12 @@ class NetSection(_Section):
             for addr in getattr(self, field_name):
                 if not addr.startswith("/"):
                     raise ValueError(f"net.{field_name}: {addr!r} is not a multiaddr")
+        for addr in self.announce:
+            if is_mapped_addr(addr):
+                raise ValueError(
+                    f"net.announce: {addr!r} is an IPv4-mapped IPv6 address, which a peer "
+                    f"dials as IPv4 on its own network: give it as /ip4/{judged(ip_of(addr))}/..."
+                )
         for addr in self.bootstrap:  # the grammar of a swarm file's bootstrap too
             try:
                 parse_bootstrap(addr)
@@ -334,6 +369,12 @@ class NetSection(_Section):
             raise ValueError("net.listen is empty; give at least one address or disable net")
         if self.shards_before == self.shards:
             raise ValueError(f"net.shards_before is net.shards ({self.shards}): set it to 0")
+        if self.max_inbound_per_net < self.max_inbound_per_ip:
+            raise ValueError(
+                f"net.max_inbound_per_net ({self.max_inbound_per_net}) is less than "
+                f"net.max_inbound_per_ip ({self.max_inbound_per_ip}): an IP lies in its "
+                "network, so the network's share bounds it too; raise max_inbound_per_net"
+            )
         least = self.max_peers + max(self.max_peers, self.relay_reservations)
         if self.max_connections < least:
             raise ValueError(

@@ -10,13 +10,13 @@ if it followed its prompt alone. The logit at the prompt's last position predict
 completion's first token. One forward and one backward run over prompts and completions
 together: the loss and every gradient equal those of the unshared computation (each
 completion with its own copy of the prompt) up to float rounding, with micro-batching,
-LoRA and gradient checkpointing (``tests/unit/test_prompt_sharing.py``). With L = 8
-completions of ~30 tokens after a ~104-token prompt, this removes ~70% of training
-tokens, and the completions of a row are not padded to the longest. A group split over
-two micro-batches runs its prompt in each of them.
+LoRA and gradient checkpointing (``tests/unit/test_prompt_sharing.py``). Prompts are
+longer than completions, so most of the training tokens were the L copies of each prompt:
+this removes them, and the completions of a row are not padded to the longest. A group
+split over two micro-batches runs its prompt in each of them.
 
 The first tokens that every prompt of a step has in common (chat template, system prompt,
-worked example: 90 of the embedded model's ~105 with the default tasks) are computed once
+worked example: most of each prompt with the default tasks) are computed once
 per step (``train.shared_prefix``): one short forward pass gives their keys and values in
 every layer, each row starts after them, its positions counting on from theirs, and every
 layer reads them before the row's own keys and values (``prefix.Prefix``, the block mask's
@@ -65,37 +65,13 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from sapo_node.config import TrainSection
+from sapo_node.samples import Sample
 from sapo_node.train import decode, grpo
 from sapo_node.train.optim import CompactAdam
 from sapo_node.train.policy import Policy
 from sapo_node.train.prefix import Prefix, common_prefix
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One training sequence: a prompt, a completion and the completion's advantage.
-
-    ``taught``: which completion tokens the loss counts (None: all of them). A token left
-    out gets neither loss nor gradient; the others keep their weight (the loss is still
-    normalised over whole completions), so leaving text out teaches less, never more.
-
-    ``copies``: how many identical samples this one stands for (``groups.training_set``
-    merges a group's identical completions). Identical tokens and advantage give identical
-    per-token losses, so one forward and backward weighted ``copies`` times gives the
-    gradient of them all, at the cost of one.
-
-    ``weight``: how many of its group's completions this one stands for when only some
-    of them train (``train.external_completions``): its loss counts ``weight`` times.
-    """
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    advantage: float
-    taught: tuple[bool, ...] | None = None
-    copies: int = 1
-    weight: float = 1.0
 
 
 @dataclass
@@ -252,14 +228,15 @@ class _Plan:
 FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")  # where torch has fused Adam(W) kernels
 # Positions of a row passed to one call of a per-token function: a row holds a whole
 # group's completions, and the entropy's [positions, vocabulary] temporaries (four of
-# them) would otherwise reach 0.4 GB at 8 x 64 tokens.
+# them) over a whole row would grow with the group's size times a vocabulary of tens of
+# thousands of tokens.
 POSITIONS_PER_CALL = 64
 # Model types whose causal-LM forward is ``lm_head(decoder(...).last_hidden_state)`` with
 # nothing after the head (no soft-capping, no scaling). For them the trainer runs the
 # decoder and applies the head a chunk of positions at a time: the [rows, positions,
-# vocabulary] logits of a micro-batch (0.2 GB in float32 at 4 x 250 positions of a
-# 49,152-token vocabulary) and their gradient never exist at once. Others: the model's
-# own forward and its logits.
+# vocabulary] logits of a micro-batch (in float32, the largest tensor of a step with a
+# small model's large vocabulary) and their gradient never exist at once. Others: the
+# model's own forward and its logits.
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
@@ -314,6 +291,27 @@ def _with_head(
     return lambda x, targets: torch.utils.checkpoint.checkpoint(
         run, x, targets, use_reentrant=False
     )
+
+
+def _float32_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` in float32, outside any autocast."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+
+
+@contextlib.contextmanager
+def _float32_output(layer: torch.nn.Linear) -> Iterator[None]:
+    """While it lasts, ``layer``'s output is computed again from its input in float32 and
+    replaces the one autocast made (the model's own forward calls its head)."""
+    handle = layer.register_forward_hook(
+        lambda module, args, _out: _float32_linear(module.weight, module.bias, args[0])
+    )
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager
@@ -450,13 +448,20 @@ class Trainer:
         return (both[..., 0], both[..., 1].detach()) if entropy else both
 
     def _states(
-        self, model: torch.nn.Module, mb: Packed, prefix: Prefix | None = None
+        self,
+        model: torch.nn.Module,
+        mb: Packed,
+        prefix: Prefix | None = None,
+        *,
+        float32_head: bool = False,
     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]:
         """One forward pass over prompts and completions: [R, 1 + T, ...] at each row's last
         prompt position and its completion input tokens (see ``Packed``), and the head that
         turns them into logits. For ``PLAIN_HEAD_MODELS``, the decoder's last hidden
         states and the model's output layer; else the model's logits and None. ``prefix``:
-        the shared prompt prefix the rows were packed without, read from its cache."""
+        the shared prompt prefix the rows were packed without, read from its cache.
+        ``float32_head``: the head (an ``nn.Linear``) computes float32 logits, whatever the
+        compute dtype (``completion_ranks``)."""
         dev = self.policy.device
         keep = mb.next_ids.shape[1] + 1
         inputs = {
@@ -468,11 +473,15 @@ class Trainer:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         reading = contextlib.nullcontext() if prefix is None else prefix.read(model)
         chunked = getattr(base.config, "model_type", None) in PLAIN_HEAD_MODELS
-        if not (chunked and self.settings.chunked_head):  # the plain path
-            with self.policy.autocast(), reading as cache:
-                return model(**inputs, cache=cache, logits_to_keep=keep).logits, None
         project = base.get_output_embeddings()
-        if type(project) is torch.nn.Linear and project.weight.dtype != self.policy.dtype:
+        float32_head = float32_head and type(project) is torch.nn.Linear
+        if not (chunked and self.settings.chunked_head):  # the plain path
+            exact = _float32_output(project) if float32_head else contextlib.nullcontext()
+            with self.policy.autocast(), reading as cache, exact:
+                return model(**inputs, cache=cache, logits_to_keep=keep).logits, None
+        if float32_head:
+            project = functools.partial(_float32_linear, project.weight.float(), project.bias)
+        elif type(project) is torch.nn.Linear and project.weight.dtype != self.policy.dtype:
             # Autocast would copy the float32 head (the tied embedding: 28M weights for the
             # embedded model) to the compute dtype again for each chunk and each chunk's
             # recomputation, and cast each chunk's gradient back: copied once here, its
@@ -482,7 +491,7 @@ class Trainer:
 
         def head(x: torch.Tensor) -> torch.Tensor:
             with self.policy.autocast():
-                return project(x)
+                return project(x)  # _float32_linear leaves autocast itself
 
         with self.policy.autocast(), reading as cache:
             hidden = base.get_decoder()(**inputs, cache=cache).last_hidden_state
@@ -501,13 +510,16 @@ class Trainer:
 
     @torch.no_grad()
     def completion_ranks(self, samples: Sequence[Sample]) -> list[list[int]]:
-        """Each sample's completion tokens' ranks under the current policy: how many
-        vocabulary tokens it finds likelier than the one written (0: its first choice).
-        Temperature, top-k and top-p keep this order, so the rank needs no sampling
-        settings; trains nothing."""
+        """Each sample's completion tokens' ranks under the current policy, given the
+        completion's own text before them: how many vocabulary tokens it finds likelier
+        than the one written (0: its first choice). Temperature, top-k and top-p keep this
+        order, so the rank needs no sampling settings; trains nothing. The head computes
+        in float32: logits within the compute dtype's rounding step of each other (an
+        eighth at 20 in bfloat16) would come out equal there, and a token just below the
+        first choice would share its rank 0."""
         out: list[list[int]] = [[] for _ in samples]
         for idx, mb in self._micro_batches(samples):
-            states, head = self._states(self.policy.model, mb)
+            states, head = self._states(self.policy.model, mb, float32_head=True)
             ranks = _per_token(mb, states, _with_head(grpo.token_ranks, head))
             for row, i in enumerate(idx):
                 out[i] = ranks[row, : len(samples[i].completion_ids)].tolist()

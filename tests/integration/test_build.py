@@ -4,6 +4,7 @@ draws (LoRA's A matrices) come from its seed, not from what the process drew bef
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,47 @@ def test_a_lora_node_draws_its_adapter_from_its_seed_not_the_process(
     assert all(torch.equal(first[n], second[n]) for n in first)
     assert not all(torch.equal(first[n], other[n]) for n in a_matrices)
     assert torch.equal(after, before)  # and the process's RNG is left as it was
+
+
+SWARM_FILE = """
+[swarm]
+name = "moving"
+protocol = 2
+bootstrap = ["/dnsaddr/boot.example.org"]
+
+[[tasks.families]]
+name = "basic_arithmetic"
+
+[recommended.model]
+name = "{model}"
+"""
+
+
+def test_a_swarms_change_of_model_starts_a_new_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    moved = tmp_path / "next-model"
+    shutil.copytree(tiny_model_dir, moved)
+    swarm = tmp_path / "swarm.toml"
+    own = sevens_overrides(tiny_model_dir, data)
+    del own["model"]  # the model is the swarm file's
+
+    def follow(model: Path):
+        swarm.write_text(SWARM_FILE.format(model=model), encoding="utf-8")
+        net = {"enabled": False, "swarm_file": str(swarm)}
+        return load_config(overrides={**own, "net": net}, environ={})
+
+    node = build_node(follow(tiny_model_dir))
+    try:
+        node.resume()
+        node.round = 3
+        node.save()
+    finally:
+        node.close()
+    node = build_node(follow(moved))  # the organiser moved the swarm to another model
+    try:
+        node.resume()  # resumes nothing, rather than failing on the fingerprint
+        assert node.round == 0 and node.config.model.name == str(moved)
+    finally:
+        node.close()
+    (old,) = (data / "runs").iterdir()
+    assert (old / "checkpoints" / "LATEST").read_text().strip() == "round-000003"

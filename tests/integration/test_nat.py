@@ -4,7 +4,8 @@ user namespace ends: ``tests/support/nat_swarm.py`` says what it builds and chec
 
 Nothing leaves the namespaces, and their addresses are in 198.18.0.0/15 only: 198.18/16
 the internet, 198.19/16 the LANs behind the home routers (each node counts it as LAN:
-``net.lan_ranges``, tests/support/nat_swarm.py). The UPnP router's IGD is a
+``net.lan_ranges``, tests/support/nat_swarm.py; but in tests/support/nat_inside.py,
+where it is a home numbered outside the LAN ranges). The UPnP router's IGD is a
 small Python one (tests/support/igd.py; tests/support/nat_upnp.py says why not miniupnpd).
 Where namespaces or nftables are missing the test is skipped with the reason; `.ci/run`
 installs nftables and sets ``SAPO_REQUIRE_NAMESPACES=1``, so CI runs it or fails.
@@ -119,3 +120,23 @@ def test_a_dialable_looking_node_alone_with_one_public_node_turns_private() -> N
     assert checks["met"], checks["fw1_fw2_link"]
     assert checks["public_again"] and checks["back_in_routing_table"]
     assert checks["fw2_still_private"]
+
+
+@pytest.mark.timeout(180)
+def test_home_nodes_behind_nat_numbered_outside_the_lan_ranges_turn_private_and_meet() -> None:
+    """Two homes behind NAT whose inside addresses are not LAN addresses, and one public
+    node (tests/support/nat_inside.py): each home node reads public, the public node dials
+    its router back at its port and fails, and with nobody dialling in it turns private,
+    reserves a relay slot, and the two meet. A server that refused such an asker (its
+    addresses are not on the IP its connection comes from) left it public for good.
+
+    Not the default timings: with one public node a verdict rests on one failed answer
+    and autonat.ALONE_S (120 s) with nobody dialling in, which would hold a test worker
+    for about 160 s of the suite's 8 minutes. Every other timing is the default, and
+    ``unshare -rn python -m tests.support.nat_inside`` runs it on all of them
+    (docs/benchmarks.md)."""
+    checks = checks_of("tests.support.nat_inside", "--alone-s", "5", timeout=150)
+    assert checks["reachability"] == {"h1": ["private", "autonat"], "h2": ["private", "autonat"]}
+    assert checks["answers"] == {"h1": {"198.18.0.1": 100}, "h2": {"198.18.0.1": 100}}
+    assert checks["relay_reserved"] and checks["exchange"]
+    assert checks["met"], checks["h1_h2_link"]

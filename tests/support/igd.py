@@ -27,7 +27,7 @@ What it does, as a home router's IGD does:
 
 miniupnpc's IGD selection calls an IGD whose external address is reserved (198.18/15)
 "connected, with a reserved IP" and selects it all the same: the node judges the
-address itself (``reach.is_lan``).
+address itself (``addresses.is_lan``).
 
 It prints ``ready <description URL>`` once it listens; it ends by itself after
 ``--max-s``, on SIGTERM/SIGINT, or (``--die-with-parent``) when its parent does.

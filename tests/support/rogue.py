@@ -42,6 +42,8 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   still holds then. They leave, and M others dial it, each again every half second
   until it holds them or 10 s have passed: ``wave2 K``. It uses no pubsub (TOPIC is
   not used): connections alone, as a stranger with many identities would hold them.
+  With ``--source IP`` (a loopback address) its connections leave from that address,
+  not 127.0.0.1: several crowds stand for several hosts.
 
 It listens on 127.0.0.1 only, dials loopback or 198.18.0.0/15 (the soak's network
 namespaces) only, and prints one line per thing it does (``peer_id``, ``addr``,
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import ipaddress
 import json
 import sys
@@ -252,6 +255,8 @@ async def persist(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
 
 async def crowd(bootstrap: str, args: argparse.Namespace) -> None:
     info = info_from_p2p_addr(multiaddr.Multiaddr(bootstrap))
+    if args.source:  # the library's dials take no source address: trio's do
+        trio.open_tcp_stream = functools.partial(trio.open_tcp_stream, local_address=args.source)
 
     def held(host) -> bool:
         return bool(host.get_network().get_connections(info.peer_id))
@@ -311,9 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dht", action="store_true", help="serve IPFS's DHT, as 0.3 did")
     parser.add_argument("--key-dir", type=Path, help="persist: where its identity key is kept")
     parser.add_argument("--then", type=int, default=0, help="crowd: peers of the second wave")
+    parser.add_argument("--source", help="crowd: the loopback address its dials leave from")
     args = parser.parse_args(argv)
     if not all(_dialable(a) for a in [args.bootstrap, *args.dial]):
         parser.error("the rogue peer dials 127.0.0.0/8 and 198.18.0.0/15 only")
+    if args.source and not _dialable(f"/ip4/{args.source}/tcp/1"):
+        parser.error("--source is an address in 127.0.0.0/8 or 198.18.0.0/15")
     if args.mode == "persist" and args.key_dir is None:
         parser.error("persist needs --key-dir")
     if args.mode == "garbage":

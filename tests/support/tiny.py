@@ -13,10 +13,17 @@ SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
 
 
 def build_tiny_model(
-    path: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0, bias: bool = False
+    path: Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    bias: bool = False,
+    tied: bool = True,
 ) -> Path:
     """Write a random-weight Llama (~100 k parameters) and its tokenizer to ``path``; with
-    ``bias``, its linear layers have random biases (as Qwen2's attention projections do)."""
+    ``bias``, its linear layers have random biases (as Qwen2's attention projections do);
+    ``tied``: its head is its input embedding (else a weight of its own)."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -43,7 +50,7 @@ def build_tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         bos_token_id=vocab["<|im_start|>"],
         eos_token_id=vocab["<|im_end|>"],
         pad_token_id=vocab["<pad>"],

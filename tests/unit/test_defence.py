@@ -28,9 +28,10 @@ from sapo_node.intake.defence import (
     rank_bits,
 )
 from sapo_node.intake.pool import Pool, PooledGroup, group_digest, summary
-from sapo_node.tasks import Scorer, Task, TaskRef
+from sapo_node.samples import Sample
+from sapo_node.tasks import Scorer, Task, TaskRef, last_answer
 from sapo_node.train.policy import load_policy
-from sapo_node.train.trainer import Sample, Trainer
+from sapo_node.train.trainer import Trainer
 from tests.support import poison as poison_module
 from tests.support.poison import PoisonPeer, carries, poison
 
@@ -214,6 +215,58 @@ def test_the_answer_tags_and_the_end_token_are_not_judged(tmp_path, kind: str) -
     assert policy.token_spans([policy.end_id, *ids]) is None  # not what its text gives back
 
 
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_the_rank_check_judges_no_token_that_overlaps_a_tag(tmp_path, kind: str) -> None:
+    """Check 3 leaves out every token that overlaps the last answer's tags, a token across
+    a tag's edge whole, and the end token: ranked 10**6 there, a completion passes;
+    ranked so on one window of its other text, the answer's content included, it is
+    refused."""
+    from tests.support.tiny import build_bpe_model, build_tiny_model
+
+    path = (build_tiny_model if kind == "char" else build_bpe_model)(tmp_path / kind)
+    policy = load_policy(
+        str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+    )
+    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+    texts = ["so 3 + 4 = 7\n<answer>7</answer>", "<answer>7</answer>"]
+    texts += ["<answer>1</answer>", "<answer>2</answer>"]
+    group = _group(policy, prompt, texts, [1, 1, 0, 0])
+    tags = [
+        defence_module.format_tokens(*policy.token_spans(ids), len(ids))
+        for ids in group.completion_ids[:2]
+    ]
+    for ids, t in zip(group.completion_ids[:2], tags, strict=True):
+        assert len(ids) - 1 in t  # the end token
+
+    def ranked(high):  # rank 10**6 on the tokens high(completion, token) picks, else 0
+        def ranks(samples):
+            return [
+                [10**6 if high(i, k) else 0 for k in range(len(s.completion_ids))]
+                for i, s in enumerate(samples)
+            ]
+
+        return ranks
+
+    settings = DefenceSection(max_rank_bits=RANK_BITS, teach_first_choices=False)
+    on_tags = Defence(
+        settings, ranked(lambda i, k: k in tags[i]), Counts(), spans=policy.token_spans
+    )
+    kept, screened = on_tags.screen([], [group])
+    assert screened == {CHECKED: 2} and len(kept[0].texts) == 4
+    for i, ids in enumerate(group.completion_ids[:2]):
+        judged = [k for k in range(len(ids)) if k not in tags[i]]
+        assert policy.decode([ids[k] for k in judged]).endswith("7")  # the answer itself
+        window = set(judged[-settings.rank_window :])
+        off_tags = Defence(
+            settings,
+            ranked(lambda j, k, i=i, window=window: j == i and k in window),
+            Counts(),
+            spans=policy.token_spans,
+        )
+        _, screened = off_tags.screen([], [group])
+        assert screened == {CHECKED: 2, IMPLAUSIBLE: 1}
+
+
 def test_ranks_are_those_of_the_full_logits(trained) -> None:
     """The ranks the check reads (prompts computed once per group, micro-batched) are
     those of a plain forward pass over prompt and completion, row by row."""
@@ -229,6 +282,42 @@ def test_ranks_are_those_of_the_full_logits(trained) -> None:
         assert ranks == (logits > target).sum(-1).tolist()
     assert highest_window(rank_bits(got[0]), 4) <= 1.0  # what it was taught: first choices
     assert highest_window(rank_bits(got[2]), 4) > RANK_BITS  # "zq" is not
+
+
+@pytest.mark.parametrize("chunked_head", [True, False])
+def test_ranks_tell_near_ties_apart_when_the_model_computes_in_bfloat16(
+    tmp_path, chunked_head: bool
+) -> None:
+    """A first choice is judged on float32 logits, whatever the compute dtype. The head
+    of a tiny model is set so that, after any text, the logits of "a", "b", "c" and "d"
+    are 20.03, 20.0, 5 and 19.95 times one positive factor near 1 (every other token's
+    0): in bfloat16, whose step is an eighth at 20, "a", "b" and "d" round together and
+    would all rank 0; "b" ranks 1 and "d" 2, on the chunked head and on the model's own."""
+    from tests.support.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m", tied=False)
+    policy = load_policy(
+        str(path), device="cpu", dtype="bfloat16", lora=LoraSection(), cache_dir=path
+    )
+    model, vocab = policy.model, policy.tokenizer.get_vocab()
+    logits = {"a": 20.03, "b": 20.0, "c": 5.0, "d": 19.95}
+    with torch.no_grad():
+        # Hidden dimension 0 dominates every position, and the final norm keeps only it:
+        # the last hidden state is s * e_0 with s = sqrt(64) = 8 or very near it.
+        model.get_input_embeddings().weight[:, 0] = 10.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        head = model.get_output_embeddings().weight
+        head.zero_()
+        for char, logit in logits.items():
+            head[vocab[char], 0] = logit / 8
+    trainer = Trainer(policy, TrainSection(chunked_head=chunked_head), max_new_tokens=80)
+    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+    text = "abdcbdab"
+    ids = policy.encode_completion(text, True, 80).ids
+    (ranks,) = trainer.completion_ranks([Sample(prompt, ids, 0.0)])
+    order = {"a": 0, "b": 1, "d": 2, "c": 3}
+    assert ranks == [order[c] for c in text] + [4]  # the end token's logit is 0
 
 
 def test_a_peer_that_keeps_failing_is_distrusted_then_forgiven(trained) -> None:
@@ -465,7 +554,7 @@ def test_a_peers_free_text_is_never_taught_only_its_answer(tmp_path, kind: str) 
     for ids, flags, text in zip(kept.completion_ids, kept.taught, texts, strict=True):
         assert len(flags) == len(ids) and flags[-1]  # the end token
         taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
-        found = defence_module.last_answer(text)
+        found = last_answer(text)
         if found is None:
             assert taught == ""
             continue

@@ -16,8 +16,10 @@ import dns.rrset
 import pytest
 import structlog
 
+from sapo_node import dialaddr
+from sapo_node.dialaddr import parse, parse_nameserver
 from sapo_node.net import dnsaddr
-from sapo_node.net.dnsaddr import MAX_ADDRS, MAX_LOOKUPS, parse, parse_nameserver, resolve
+from sapo_node.net.dnsaddr import MAX_ADDRS, MAX_LOOKUPS, resolve
 
 A = "12D3KooW" + "A" * 44
 B = "12D3KooW" + "B" * 44
@@ -108,6 +110,7 @@ def _nothing_warned_before():
 
 def test_doctests() -> None:
     assert doctest.testmod(dnsaddr).failed == 0
+    assert doctest.testmod(dialaddr).failed == 0
 
 
 def test_ip_addresses_pass_unchanged_and_ask_nothing(serve) -> None:

@@ -83,10 +83,12 @@ def test_the_nodes_own_process_does_not_load_libp2p(tmp_path: Path) -> None:
 def test_a_relay_and_share_do_not_load_torch(tmp_path: Path) -> None:
     """``start --no-train`` and ``sapo-node share`` lock a data directory, serve status
     and run a transport, and write no weights: importing torch for the data directory's
-    atomic writes (it came with checkpoint.py) made each start slower and bigger."""
+    atomic writes (it came with checkpoint.py) made each start slower and bigger. Nor do
+    the network process and the intake's defences (``sapo-node pool`` reads them)."""
     code = (
         "import sys; from pathlib import Path; "
         "import sapo_node.cli, sapo_node.ops.status, sapo_node.share, sapo_node.net.process; "
+        "import sapo_node.net.host, sapo_node.intake.defence; "
         "from sapo_node.ops import lifecycle; "
         f"lifecycle.hold_data_dir(Path({str(tmp_path / 'relay')!r})).close(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"

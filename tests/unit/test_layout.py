@@ -1,7 +1,7 @@
 """Where a newcomer finds things. The README's layout names every module and package of
 sapo_node/ (and nothing that is not there), and imports go one way: no module imports,
-even lazily, one that imports it back, and the lower rooms (train/, intake/, net/) never
-reach up into the node, its operation or the experiment."""
+even lazily, one that imports it back, and every import goes down the layers of
+``LAYERS``, never up or sideways."""
 
 from __future__ import annotations
 
@@ -12,12 +12,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sapo_node"
 SUBPACKAGES = ("train", "intake", "net", "ops")  # those whose files the layout lists
-UPPER = ("sapo_node.node", "sapo_node.ops", "sapo_node.experiment", "sapo_node.cli")
-LOWER = {  # room: the rooms it must not import
-    "sapo_node.train": (*UPPER, "sapo_node.intake", "sapo_node.net"),
-    "sapo_node.intake": UPPER,
-    "sapo_node.net": (*UPPER, "sapo_node.train"),
-}
+# The layers of sapo_node/, lowest first: a module imports only modules of its own unit
+# (a top-level module, or a package with all its modules) or of a lower layer, never one
+# of its own layer or above. A unit is named by its path under sapo_node; the longest
+# name that matches a module is its unit, so intake.wire, the protocol's messages, sits
+# below the config that checks a swarm file's version and shard count against it, while
+# the rest of intake/ sits above it. Units of one layer do not know each other: the
+# peer-checking intake/ and the training train/ stay apart.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("addresses", "atomic", "dialaddr", "logs", "metrics", "samples", "safe_verifiers", "sandbox"),
+    ("checkpoint", "tasks"),
+    ("datadir", "intake.wire"),
+    ("options",),
+    ("swarmfile",),
+    ("config",),
+    ("curriculum", "flags", "intake", "train"),
+    ("evaluate", "groups", "net", "share", "solver"),
+    ("record",),
+    ("node",),
+    ("build",),
+    ("ops",),
+    ("experiment", "local_swarm"),
+    ("cli",),
+)
 
 
 def _block() -> list[str]:
@@ -117,9 +134,30 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
         visit(module, [])
 
 
-def test_the_lower_rooms_do_not_import_the_upper_ones() -> None:
-    for module, targets in _imports().items():
-        for room, banned in LOWER.items():
-            if module == room or module.startswith(room + "."):
-                wrong = {t for t in targets if t.startswith(banned)}
-                assert wrong == set(), f"{module} imports {sorted(wrong)}"
+def _unit(module: str) -> str:
+    """The unit of ``module`` in ``LAYERS``: the longest name of them it lies in."""
+    units = [u for layer in LAYERS for u in layer]
+    name = module.removeprefix("sapo_node.")
+    found = [u for u in units if name == u or name.startswith(u + ".")]
+    assert found, f"{module} is in no layer: add it to LAYERS"
+    return max(found, key=len)
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    level = {u: i for i, layer in enumerate(LAYERS) for u in layer}
+    wrong = []
+    for module, targets in sorted(_imports().items()):
+        if module == "sapo_node":
+            continue
+        unit = _unit(module)
+        for target in sorted(targets):
+            to = _unit(target)
+            if to != unit and level[to] >= level[unit]:
+                wrong.append(f"{module} (layer {level[unit]}) imports {target} (layer {level[to]})")
+    assert wrong == [], "imports up or across the layers:\n" + "\n".join(wrong)
+
+
+def test_the_layers_name_only_what_is_there() -> None:
+    modules = {m.removeprefix("sapo_node.") for m in _imports()}
+    for unit in (u for layer in LAYERS for u in layer):
+        assert any(m == unit or m.startswith(unit + ".") for m in modules), unit

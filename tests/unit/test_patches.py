@@ -31,6 +31,27 @@ def test_every_module_holds_the_nodes_version_of_what_it_replaces() -> None:
     assert identify._mk_identify_protobuf.__qualname__.endswith("identify_for")
 
 
+def test_a_module_that_still_holds_the_librarys_own_is_named_in_one_line(monkeypatch) -> None:
+    """The network process asks once it is built: a module holding a replaced function by
+    a name ``apply`` did not foresee is named in one warning line."""
+    import structlog
+    from libp2p.kad_dht import common
+
+    import sapo_node.net.host  # noqa: F401  (what the network process imports)
+
+    patches.apply()
+    with structlog.testing.capture_logs() as logs:
+        assert patches.warn_unless_holding() == []
+    assert logs == []
+    original = patches._original[("libp2p.kad_dht.common", "PROTOCOL_ID")]
+    monkeypatch.setattr(common, "LIBRARY_ID", original, raising=False)  # a new holder
+    with structlog.testing.capture_logs() as logs:
+        assert patches.warn_unless_holding() == ["libp2p.kad_dht.common.PROTOCOL_ID"]
+    (line,) = logs
+    assert line["log_level"] == "warning" and "docs/libp2p.md#patches" in line["event"]
+    assert line["still_the_librarys"] == ["libp2p.kad_dht.common.PROTOCOL_ID"]
+
+
 def test_a_changed_library_stops_the_network_with_one_line(monkeypatch) -> None:
     from libp2p.pubsub.gossipsub import GossipSub
 
@@ -163,3 +184,140 @@ def test_the_swarm_dials_nobody_of_its_own_accord() -> None:
             assert node.get_network()._inbound_limiter.total_tokens == 300 - 32
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("public", [True, False])
+def test_a_peer_cannot_get_an_ipv4_mapped_address_admitted_or_handed_out(public: bool) -> None:
+    """docs/security.md#addresses-that-embed-ipv4, with real DHTs on loopback: a peer whose
+    identify lists ``/ip6/::ffff:127.0.0.1/...`` is not taken into the routing table (a
+    peer listing a public address is), and its provider record keeps no mapped address,
+    neither in this node's store nor in what a lookup of the key is handed: each would
+    send whoever dials it to a port on its own machine."""
+    import multiaddr
+    import trio
+    from libp2p.identity.identify.identify import ID as IDENTIFY
+    from libp2p.identity.identify.pb.identify_pb2 import Identify
+    from libp2p.kad_dht.kad_dht import DHTMode, KadDHT, _encode_key
+    from libp2p.peer.peerinfo import PeerInfo
+    from libp2p.tools.anyio_service import background_trio_service
+    from libp2p.utils import varint
+
+    from sapo_node.net.discovery import SwarmDHT
+    from tests.support.rogue import make_host
+
+    patches.apply()
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    mapped, elsewhere = "/ip6/::ffff:127.0.0.1/tcp/4141", "/ip4/198.18.0.9/tcp/4141"
+    key = "sapo-test-key"
+
+    def lying_identify(host, addrs: list[str]):
+        """An identify answer listing ``addrs``, as any peer may write one."""
+
+        async def handle(stream) -> None:
+            message = Identify(
+                protocol_version="ipfs/0.1.0",
+                agent_version="rogue",
+                public_key=host.get_public_key().serialize(),
+                listen_addrs=[multiaddr.Multiaddr(a).to_bytes() for a in addrs],
+                protocols=[str(p) for p in host.get_mux().get_protocols() if p is not None],
+            )
+            data = message.SerializeToString()
+            await stream.write(varint.encode_uvarint(len(data)) + data)
+            await stream.close()
+
+        host.set_stream_handler(IDENTIFY, handle)
+
+    async def main() -> tuple[bool, bool, bool, list[str], list[str]]:
+        node_host, rogue_host, honest_host, asker_host = (make_host() for _ in range(4))
+        lying_identify(rogue_host, [mapped])
+        lying_identify(honest_host, [elsewhere])
+        rogue_host.get_addrs = lambda: [multiaddr.Multiaddr(a) for a in (mapped, elsewhere)]
+        async with (
+            node_host.run(listen_addrs=listen),
+            rogue_host.run(listen_addrs=listen),
+            honest_host.run(listen_addrs=listen),
+            asker_host.run(listen_addrs=listen),
+        ):
+            node = SwarmDHT(node_host, DHTMode.SERVER, public=public)
+            rogue = KadDHT(rogue_host, DHTMode.SERVER)
+            honest = KadDHT(honest_host, DHTMode.SERVER)
+            asker = KadDHT(asker_host, DHTMode.CLIENT)
+            async with (
+                background_trio_service(node),
+                background_trio_service(rogue),
+                background_trio_service(honest),
+                background_trio_service(asker),
+            ):
+                at = PeerInfo(node_host.get_id(), node_host.get_addrs())
+                store = node_host.get_peerstore()
+                with trio.fail_after(20):
+                    for peer in (rogue_host, honest_host, asker_host):
+                        await peer.connect(at)
+                    for peer in (rogue_host, honest_host):  # identify has told the node
+                        while patches.DHT_PROTOCOL not in (store.get_protocols(peer.get_id())):
+                            await trio.sleep(0.05)
+                    rogue_in = await node.routing_table.add_peer(rogue_host.get_id())
+                    honest_in = await node.routing_table.add_peer(honest_host.get_id())
+                    sent = await rogue.provider_store._send_add_provider(
+                        node_host.get_id(), _encode_key(key)
+                    )
+                    while not node.provider_store.get_providers(_encode_key(key)):
+                        await trio.sleep(0.05)
+                    kept = node.provider_store.get_providers(_encode_key(key))
+                    await asker.routing_table.add_peer(at, skip_server_mode_check=True)
+                    found = await asker.find_providers(key, 20)
+                return (
+                    rogue_in,
+                    honest_in,
+                    sent,
+                    [str(a) for p in kept for a in p.addrs],
+                    [str(a) for p in found if p.peer_id == rogue_host.get_id() for a in p.addrs],
+                )
+
+    rogue_in, honest_in, sent, kept, found = trio.run(main)
+    assert sent
+    assert not rogue_in  # its only address is a mapped one: no node admits it
+    assert honest_in  # one with an address elsewhere is admitted
+    assert kept == [elsewhere]  # its mapped address was dropped, its public one kept
+    assert found == [elsewhere]  # and a lookup is handed no mapped address
+
+
+def test_doctests() -> None:
+    import doctest
+
+    assert doctest.testmod(patches).failed == 0
+
+
+def test_an_address_share_of_slots_is_a_setting_the_network_bounds_its_ips_by() -> None:
+    from sapo_node.config import NetSection
+
+    net = NetSection(max_inbound_per_ip=4, max_inbound_per_net=4)
+    assert (net.max_inbound_per_ip, net.max_inbound_per_net) == (4, 4)
+    with pytest.raises(ValueError, match="max_inbound_per_net \\(2\\) is less than"):
+        NetSection(max_inbound_per_ip=4, max_inbound_per_net=2)
+    with pytest.raises(ValueError):
+        NetSection(max_inbound_per_ip=0)
+
+
+def test_a_peer_that_gives_nothing_makes_room_from_the_network_holding_most() -> None:
+    """patches.least_giving: a mapped address counts in its IPv4 /24, so a crowd seen
+    through a dual-stack listener is one network, not one per address form."""
+    from sapo_node import addresses
+
+    def at(ip: str, since: float, peer: str) -> patches.Accepted:
+        where = str(addresses.judged(ip))
+        return patches.Accepted(where, addresses.network_of(where), since, peer, object())
+
+    held = [
+        at("198.18.5.1", 0.0, "lone"),
+        at("::ffff:198.18.7.1", 10.0, "crowd-a"),
+        at("198.18.7.2", 5.0, "crowd-b"),
+    ]
+    assert patches.least_giving(held, 100.0, lambda p: False, 60.0).peer == "crowd-b"
+    assert patches.least_giving(held, 100.0, lambda p: p.startswith("crowd"), 60.0).peer == "lone"
+    assert patches.least_giving(held, 100.0, lambda p: True, 60.0) is None
+    held[2].pruned = True  # being closed for another newcomer already
+    assert patches.least_giving(held, 100.0, lambda p: False, 60.0).peer == "crowd-a"
+    newcomer = patches.Accepted("198.18.7.9", "198.18.7.0/24", 100.0)
+    assert patches.over_cap(held, newcomer, per_ip=1, per_net=2)
+    assert not patches.over_cap(held, newcomer, per_ip=1, per_net=3)

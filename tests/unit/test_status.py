@@ -170,3 +170,84 @@ def test_a_non_finite_figure_is_served_as_null() -> None:
     assert json.loads(body, parse_constant=strict) == {
         "last_round": {"train/loss": None, "x": [None, 1.0]}
     }
+
+
+def test_the_intakes_refusals_are_read_while_the_round_thread_adds_more() -> None:
+    """The status thread lists the intake's last refusals while the round thread refuses
+    groups: a deque iterated during an append raises (a 500 on /status and /metrics)."""
+    import sys
+    import threading
+
+    from sapo_node.intake.checks import RECENT_REFUSALS, Intake
+    from sapo_node.intake.pool import Pool
+    from sapo_node.ops.status import recent_refusals
+    from sapo_node.tasks import Scorer
+
+    pool, scorer = Pool(None), Scorer()
+    intake = Intake(pool, scorer, known_configs={})
+    stop, failures, reads = threading.Event(), [], [0]
+
+    def status_thread() -> None:
+        while not stop.is_set():
+            try:
+                peers = [r["peer"] for r in recent_refusals(intake)]
+                assert peers == sorted(peers, reverse=True), "not newest first"
+            except (RuntimeError, AssertionError) as exc:
+                failures.append(exc)
+                return
+            reads[0] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns as often as they can
+    reader = threading.Thread(target=status_thread, daemon=True)
+    try:
+        reader.start()
+        deadline, n = time.monotonic() + 1.5, 0
+        while time.monotonic() < deadline and not failures:
+            intake.receive(b"not msgpack", f"peer-{n:09d}")  # refused: one more entry
+            n += 1
+    finally:
+        stop.set()
+        reader.join(5)
+        sys.setswitchinterval(interval)
+        scorer.close()
+        pool.close()
+    assert not failures, failures[0]
+    assert reads[0] > 0 and n > RECENT_REFUSALS
+    assert [r["peer"] for r in recent_refusals(intake)][:2] == [
+        f"peer-{n - 1:09d}",
+        f"peer-{n - 2:09d}",
+    ]
+
+
+def test_a_node_that_fails_to_build_frees_its_status_port(tmp_path: Path) -> None:
+    """The status endpoint binds its port before the model loads (a busy port is found at
+    once); when the model then fails to load, the port is let go with the error."""
+    import threading
+
+    from sapo_node.config import Config
+    from sapo_node.ops.lifecycle import NodeFailed, hold_data_dir, run_node
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    cfg = Config.model_validate(
+        {
+            "node": {"data_dir": str(tmp_path / "data")},
+            "model": {"name": str(empty)},
+            "net": {"enabled": False},
+            "status": {"enabled": True, "listen": f"127.0.0.1:{port}"},
+        }
+    )
+    assert cfg.status.listen == f"127.0.0.1:{port}"
+    # The error is held, as a caller that reports it holds it (with its traceback, and
+    # so run_node's frame): the port must not wait for the garbage collector.
+    with pytest.raises(NodeFailed, match="not a model directory") as failed:
+        run_node(cfg, threading.Event())
+    with socket.socket() as probe:  # nobody listens there any more
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+    StatusServer(f"127.0.0.1:{port}").close()  # and the port can be taken again
+    hold_data_dir(tmp_path / "data").close()  # as the data directory can
+    assert failed.traceback

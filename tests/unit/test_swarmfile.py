@@ -10,7 +10,14 @@ import pytest
 from sapo_node.config import Config, ConfigError, TasksSection, load_config
 from sapo_node.intake.wire import PROTOCOL_VERSION
 from sapo_node.ops.doctor import check_swarm_file
-from sapo_node.swarmfile import RECOMMENDABLE, ignored_warning, load_swarm_file, tasks_warning
+from sapo_node.swarmfile import (
+    RECOMMEND_RANGES,
+    RECOMMENDABLE,
+    ignored_warning,
+    load_swarm_file,
+    scoring_warning,
+    tasks_warning,
+)
 from sapo_node.tasks import get_family
 from tests.support.cli import run_cli
 
@@ -28,7 +35,6 @@ protocol = {PROTOCOL_VERSION}
 bootstrap = ["/dnsaddr/boot.example.org", "{ADDR_A}"]
 
 [tasks]
-one_shot = false
 
 [[tasks.families]]
 name = "basic_arithmetic"
@@ -79,7 +85,7 @@ def test_no_swarm_file_changes_nothing() -> None:
 def test_the_swarm_file_lies_under_the_users_file_env_and_flags(swarm_file: Path) -> None:
     cfg = config(swarm_file)
     assert (cfg.train.lr, cfg.train.local_groups, cfg.generation.max_new_tokens) == (2e-5, 3, 128)
-    assert cfg.net.swarm == "demo" and cfg.tasks.one_shot is False
+    assert cfg.net.swarm == "demo" and cfg.tasks.families[0].levels[0]["max_terms"] == 2
     assert cfg.train.external_groups == 2  # a default: nothing recommended
     cfg = config(swarm_file, "[train]\nlr = 3e-5\nlocal_groups = 4\n")
     assert (cfg.train.lr, cfg.train.local_groups, cfg.generation.max_new_tokens) == (3e-5, 4, 128)
@@ -124,10 +130,13 @@ def test_own_tasks_win_but_are_reported(swarm_file: Path) -> None:
     cfg = config(swarm_file)
     assert tasks_warning(cfg) is None
     assert check_swarm_file(cfg).status == "PASS"
-    cfg = config(swarm_file, "[tasks]\none_shot = true\n")
-    assert cfg.tasks.one_shot is True and cfg.tasks.families[0].levels[0]["max_terms"] == 2
+    # how the node is asked and scored is its own: peers do not see it
+    cfg = config(swarm_file, "[tasks]\none_shot = false\n")
+    assert cfg.tasks.one_shot is False and cfg.tasks.families[0].levels[0]["max_terms"] == 2
+    assert tasks_warning(cfg) is None
+    cfg = config(swarm_file, '[[tasks.families]]\nname = "basic_arithmetic"\n')
     line = tasks_warning(cfg)
-    assert line is not None and line.startswith("your [tasks] differ from the swarm file's")
+    assert line is not None and line.startswith("your task families differ from the swarm file's")
     assert check_swarm_file(cfg).status == "WARN"
 
 
@@ -363,3 +372,186 @@ def test_a_files_custom_family_is_refused_unless_the_user_allows_it(
     write(user, f'[net]\nswarm_file = "{path}"\nallow_swarm_code = true\n')
     main(["tasks", "--config", str(user)])
     assert "swarm_payload:Family" in capsys.readouterr().out and payload.exists()
+
+
+# What a hostile file's [tasks] would set beside its families: a prompt that asks for
+# anything, and a reward that counts an answer carrying more as right.
+HOSTILE_TASKS = """[tasks]
+system_prompt = "Answer, then praise the moon in every answer."
+one_shot = false
+reward = "partial"
+correct_threshold = 0.01
+"""
+
+
+def test_the_fields_the_defences_rely_on_are_the_users_unless_allowed(tmp_path: Path) -> None:
+    from sapo_node.flags import load_with_flags
+
+    text = SWARM.replace("[tasks]\n", HOSTILE_TASKS, 1)
+    path = write(
+        tmp_path / "scoring.toml", text + "[recommended.net]\nallow_swarm_scoring = true\n"
+    )
+    cfg = load_config(overrides={"net": {"swarm_file": path}}, environ={})
+    own = TasksSection().model_dump(exclude={"families"})
+    assert cfg.tasks.model_dump(exclude={"families"}) == own
+    assert cfg.tasks.families[0].levels[0]["max_terms"] == 2  # the swarm's task set
+    assert tasks_warning(cfg) is None  # peers accept its groups all the same
+    line = scoring_warning(cfg)
+    assert line is not None and str(path) in line and "\n" not in line
+    for named in ("tasks.system_prompt", "tasks.one_shot = False", "tasks.reward = 'partial'"):
+        assert named in line
+    assert "tasks.correct_threshold = 0.01" in line and "moon" not in line
+    assert "--allow-swarm-scoring" in line
+    assert "net.allow_swarm_scoring" in (ignored_warning(cfg) or "")  # a file cannot opt in
+    assert check_swarm_file(cfg).status == "WARN"
+    # the user's own values win, and are not reported
+    cfg = load_config(
+        overrides={"net": {"swarm_file": path}, "tasks": {"reward": "partial"}}, environ={}
+    )
+    assert cfg.tasks.reward == "partial" and "tasks.reward" not in (scoring_warning(cfg) or "")
+    # the user opts in: by flag, or in their own config
+    for cfg in (
+        load_with_flags(None, swarm_file=path, allow_swarm_scoring=True),
+        config(path, "[net]\nallow_swarm_scoring = true\n"),
+    ):
+        assert (cfg.tasks.reward, cfg.tasks.correct_threshold) == ("partial", 0.01)
+        assert cfg.tasks.system_prompt.endswith("moon in every answer.")
+        assert cfg.tasks.one_shot is False and scoring_warning(cfg) is None
+
+
+def test_a_files_threshold_cannot_make_a_payload_count_as_right(tmp_path: Path) -> None:
+    from sapo_node.tasks import Scorer, TaskRef, make_task
+
+    text = SWARM.replace("[tasks]\n", "[tasks]\ncorrect_threshold = 0.01\n", 1)
+    path = write(tmp_path / "threshold.toml", text)
+    task = make_task(TaskRef.make("basic_arithmetic", {"max_terms": 2, "max_digits": 1}, 9, 0))
+    payload = f"<answer>{task.answer}, as the moon proves</answer>"
+    follower = load_config(overrides={"net": {"swarm_file": path}}, environ={})
+    trusting = config(path, "[net]\nallow_swarm_scoring = true\n")
+    rewards = []
+    for cfg in (follower, trusting):
+        with Scorer.of(cfg) as scorer:
+            rewards.append(scorer.score(task, [payload])[0].reward)
+    assert rewards[0] == 0.0  # the node's own threshold: not right
+    assert rewards[1] == 1.0  # the file's: right, and answer_only would teach the payload
+
+
+BEYOND_A_HOME_MACHINE = """
+[recommended.generation]
+completions_per_task = 64
+max_new_tokens = 8192
+[recommended.eval]
+every = 1
+tasks = 65536
+samples = 64
+[recommended.train]
+lr = 1.0
+grad_clip = 0.0
+local_groups = 0
+external_by = "fixed"
+ppo_epochs = 64
+weight_decay = 1.0
+[recommended.net]
+shards_joined = 64
+[recommended.model.lora]
+enabled = true
+r = 1024
+"""
+
+
+def test_recommended_knobs_out_of_their_ranges_are_ignored_and_named(tmp_path: Path) -> None:
+    body = SWARM.split("[recommended.train]")[0]
+    path = write(tmp_path / "heavy.toml", body + BEYOND_A_HOME_MACHINE)
+    cfg = load_config(overrides={"net": {"swarm_file": path}}, environ={})
+    default = Config()
+    assert cfg.generation == default.generation and cfg.eval == default.eval
+    t = cfg.train
+    assert (t.lr, t.grad_clip, t.local_groups, t.ppo_epochs, t.weight_decay) == (
+        default.train.lr,
+        default.train.grad_clip,
+        default.train.local_groups,
+        default.train.ppo_epochs,
+        default.train.weight_decay,
+    )
+    assert cfg.net.shards_joined == default.net.shards_joined
+    assert t.external_by == "fixed" and cfg.model.lora.enabled  # within range: applied
+    assert cfg.model.lora.r == default.model.lora.r
+    line = ignored_warning(cfg)
+    assert line is not None and "\n" not in line
+    for named in (
+        "generation.max_new_tokens = 8192 (a file may recommend 1 to 1024)",
+        "generation.completions_per_task = 64",
+        "eval.every = 1 (a file may recommend 0 (off) or at least 10)",
+        "eval.tasks = 65536",
+        "eval.samples = 64",
+        "train.lr = 1.0",
+        "train.grad_clip = 0.0 (a file may recommend 0.1 to 10)",
+        "train.local_groups = 0",
+        "train.ppo_epochs = 64",
+        "train.weight_decay = 1.0",
+        "net.shards_joined = 64",
+        "model.lora.r = 1024",
+    ):
+        assert named in line
+    assert check_swarm_file(cfg).status == "WARN"
+    # the user's own config is not bound by them
+    cfg = config(path, "[train]\nlr = 1e-3\n[generation]\nmax_new_tokens = 2048\n")
+    assert (cfg.train.lr, cfg.generation.max_new_tokens) == (1e-3, 2048)
+
+
+def test_every_range_is_of_a_recommendable_field_and_stated_in_the_spec() -> None:
+    spec = (EXAMPLE.parents[2] / "protocol" / "SPEC.md").read_text(encoding="utf-8")
+    section = " ".join(spec.split("### 2.1 The swarm file")[1].split("### 2.2")[0].split())
+    for path, (_, text) in RECOMMEND_RANGES.items():
+        assert any(path[: len(p)] == p for p in RECOMMENDABLE), path
+        assert f"`{'.'.join(path)}` {text}" in section, path
+
+
+def test_a_swarms_change_of_model_starts_a_new_run_and_keeps_the_old(tmp_path: Path) -> None:
+    import structlog
+    import torch
+
+    from sapo_node.build import follow_the_swarms_model
+    from sapo_node.checkpoint import CheckpointError, CheckpointStore
+    from sapo_node.ops.doctor import check_checkpoint
+    from sapo_node.swarmfile import model_change
+
+    data = tmp_path / "data"
+    old = {"model": "embedded", "lora": False}
+    store = CheckpointStore(data)
+    store.save(7, {"w": torch.zeros(2)}, {}, {"round": 7, "fingerprint": old})
+    write(data / "metrics.jsonl", '{"round": 7}\n')
+    moved = SWARM + '[recommended.model]\nname = "org/next-model"\n'
+    path = write(tmp_path / "moved.toml", moved)
+    # the user names a model that is not the checkpoint's: that stays an error
+    mine = load_config(
+        overrides={"net": {"swarm_file": path}, "model": {"name": "org/mine"}}, environ={}
+    )
+    assert not model_change(mine, old)
+    follow_the_swarms_model(mine, data)
+    with pytest.raises(CheckpointError, match="was made for"):
+        store.load(store.latest(), mine.fingerprint())
+    assert (
+        check_checkpoint(data, mine.fingerprint(), True, lambda f: model_change(mine, f)).status
+        == "FAIL"
+    )
+    # the swarm's file changed the model: a new run, the old one kept whole
+    cfg = load_config(
+        overrides={"net": {"swarm_file": path}, "node": {"data_dir": data}}, environ={}
+    )
+    assert cfg.model.name == "org/next-model" and model_change(cfg, old)
+    check = check_checkpoint(data, cfg.fingerprint(), True, lambda f: model_change(cfg, f))
+    assert check.status == "WARN" and "new one" in check.todo
+    with structlog.testing.capture_logs() as logs:
+        follow_the_swarms_model(cfg, data)
+    (line,) = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert "org/next-model" in line and "embedded" in line and "\n" not in line
+    assert store.latest() is None and not (data / "metrics.jsonl").exists()
+    (kept,) = (data / "runs").iterdir()
+    assert kept.name.endswith("-embedded") and str(kept) in line
+    again = CheckpointStore(kept)
+    assert again.load(again.latest(), old).state["round"] == 7
+    assert (kept / "metrics.jsonl").read_text() == '{"round": 7}\n'
+    # once moved, the new run resumes as any run does
+    follow_the_swarms_model(cfg, data)
+    assert len(list((data / "runs").iterdir())) == 1

@@ -60,7 +60,7 @@ def gateway(monkeypatch: pytest.MonkeyPatch) -> type[FakeGateway]:
 def test_a_mapping_is_leased_and_announces_the_external_address(gateway) -> None:
     mapping = upnp.map_port(4141)
     assert isinstance(mapping, upnp.Mapping)
-    # 198.18/15 counts as public, as in reach.is_lan (Python's is_private says otherwise)
+    # 198.18/15 counts as public, as in addresses.is_lan (Python's is_private says otherwise)
     assert mapping.addr == "/ip4/198.18.1.2/tcp/4141"
     assert gateway.calls == [("add", 4141, "TCP", "10.1.0.2", 4141, "sapo-node", "", 3600)]
     mapping.delete()

@@ -450,6 +450,37 @@ def test_hostile_structures_are_refused_quickly(data: bytes) -> None:
     assert got == Rejection(wire.MALFORMED)
 
 
+def nested_in(field: str, depth: int, **changes: Any) -> bytes:
+    """The minimal message (with ``changes``) whose ``field`` is arrays nested so that
+    the whole message nests ``depth`` deep (its own map counting 1)."""
+    message = {**minimal_group().to_wire(), **changes}
+    inner = b"\x91" * (depth - 1) + b"\xc0"
+    return msgpack.Packer().pack_map_header(len(message)) + b"".join(
+        pack(key) + (inner if key == field else pack(value)) for key, value in message.items()
+    )
+
+
+@pytest.mark.parametrize("field", ["version", "task", "answer", "completions"])
+def test_one_nesting_depth_bounds_every_message(field: str) -> None:
+    deepest = wire.MAX_MSGPACK_DEPTH
+    assert decode(nested_in(field, deepest)).reason != wire.MALFORMED  # the field checks'
+    too_deep = decode(nested_in(field, deepest + 1))
+    assert too_deep == Rejection(wire.MALFORMED) and str(deepest) in too_deep.detail
+    # whatever the version: a node reads version and modality of any message
+    assert decode(nested_in(field, deepest + 1, version=3)) == Rejection(wire.MALFORMED)
+
+
+def test_the_spec_states_the_depth_and_the_generator_grammar() -> None:
+    spec = " ".join((REPO / "protocol" / "SPEC.md").read_text(encoding="utf-8").split())
+    assert f"nest at most **{wire.MAX_MSGPACK_DEPTH}** deep" in spec
+    assert f"`generator` matches `{wire.GENERATOR_PATTERN.pattern}`" in spec
+
+
+def test_a_version_2_message_nests_two_deep() -> None:
+    raw = msgpack.unpackb(encode(minimal_group()), object_pairs_hook=wire._Map)
+    assert wire._nesting(raw, 9) == 2
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -2,7 +2,7 @@
 
 A node behind a home router knows only its LAN addresses. Given to the DHT and to
 identify, they reached every public node, which handed them on to everyone: each peer
-then spent its dial loop on 192.168.x addresses that lead nowhere (issue 30). So a node
+then spent its dial loop on 192.168.x addresses that lead nowhere. So a node
 decides its reachability once, at start (:func:`decide`):
 
 - ``public``: peers anywhere can dial it: it was given addresses to announce (a
@@ -18,7 +18,16 @@ decides its reachability once, at start (:func:`decide`):
 "LAN" here is the ranges no router forwards: RFC 1918, carrier-grade NAT (100.64/10),
 link-local, loopback and their IPv6 kin, and any range ``net.lan_ranges`` adds (a site
 numbered out of other space: :func:`count_as_lan`). Every other address counts as
-reachable. The network-namespace tests use 198.18.0.0/16 as their internet and
+reachable. An IPv6 address that embeds an IPv4 one is judged by that IPv4 address
+(:func:`judged`): an IPv4-mapped one (``::ffff:0:0/96``, what a dual-stack socket shows
+for an IPv4 peer), a NAT64 one (``64:ff9b::/96``) and a 6to4 one (``2002::/16``). So
+``::ffff:127.0.0.1``, ``64:ff9b::c0a8:101`` and ``2002:a00:1::1`` are LAN, and each
+counts in its IPv4 /24 wherever addresses are grouped by network. An IPv4-mapped address
+is never handed on, whatever it embeds (:func:`is_mapped_addr`): a node announces IPv4
+as ``/ip4/``, and a peer's stack dials a mapped address as the IPv4 one, on its own
+network.
+
+The network-namespace tests use 198.18.0.0/16 as their internet and
 198.19.0.0/16, given as ``net.lan_ranges`` to every node they start, for the LANs behind
 their routers (docs/development.md).
 """
@@ -47,6 +56,9 @@ _LAN = tuple(
         "::/128",
     )
 )
+IPV4_PREFIX, IPV6_PREFIX = 24, 48  # an operator's network (network_of)
+_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _added: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()  # net.lan_ranges
 
 
@@ -76,17 +88,80 @@ def ip_of(addr: str) -> str | None:
     return None
 
 
+def judged(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``ip`` is judged as: the IPv4 address an IPv4-mapped, NAT64 or 6to4
+    address embeds, else ``ip`` itself; None when it is not an IP.
+
+    >>> [str(judged(x)) for x in ("::ffff:10.0.0.1", "64:ff9b::7f00:1", "2002:c0a8:101::1")]
+    ['10.0.0.1', '127.0.0.1', '192.168.1.1']
+    >>> str(judged("2001:db8::1")), judged("example.org")
+    ('2001:db8::1', None)
+    """
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    if addr.version == 4:
+        return addr
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr in _NAT64:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return addr.sixtofour or addr
+
+
+def network_of(ip: str) -> str:
+    """The network ``ip`` belongs to, taken as one operator's: its /24 (IPv4) or /48
+    (IPv6). An AutoNAT server's network votes once (net/autonat.py), and a network's
+    peers share its inbound slots (net.max_inbound_per_net). An IPv6 address that
+    embeds an IPv4 one (IPv4-mapped, as a dual-stack listener sees every IPv4 peer;
+    NAT64; 6to4) is in that IPv4 address's /24 (:func:`judged`); not an IP: itself.
+
+    >>> network_of("198.18.4.2"), network_of("2001:db8:1:2::7")
+    ('198.18.4.0/24', '2001:db8:1::/48')
+    >>> network_of("::ffff:198.18.0.1"), network_of("::ffff:203.0.113.9")
+    ('198.18.0.0/24', '203.0.113.0/24')
+    >>> network_of("2002:cb00:7101::1"), network_of("2002:cb00:71ff::1")  # 6to4: one /24
+    ('203.0.113.0/24', '203.0.113.0/24')
+    """
+    addr = judged(ip)
+    if addr is None:
+        return ip
+    prefix = IPV4_PREFIX if addr.version == 4 else IPV6_PREFIX
+    return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False))
+
+
 def is_lan(ip: str) -> bool:
-    """Whether ``ip`` is an address no router forwards (or not an IP at all).
+    """Whether ``ip`` is an address no router forwards (or not an IP at all); one that
+    embeds an IPv4 address is judged by it (:func:`judged`).
 
     >>> [is_lan(x) for x in ("192.168.1.2", "100.64.0.9", "127.0.0.1", "198.18.0.1", "8.8.8.8")]
     [True, True, True, False, False]
+    >>> [is_lan(x) for x in ("::ffff:10.0.0.1", "::ffff:127.0.0.1", "::ffff:192.168.1.1")]
+    [True, True, True]
+    >>> [is_lan(x) for x in ("64:ff9b::a00:1", "2002:7f00:1::1", "2002:c612:1::1")]
+    [True, True, False]
+    >>> is_lan("::ffff:8.8.8.8")
+    False
     """
-    try:
-        ip_obj = ipaddress.ip_address(ip)
-    except ValueError:
+    addr = judged(ip)
+    if addr is None:
         return True
-    return any(ip_obj in net for net in (*_LAN, *_added) if net.version == ip_obj.version)
+    return any(addr in net for net in (*_LAN, *_added) if net.version == addr.version)
+
+
+def is_mapped_addr(addr: str) -> bool:
+    """Whether a multiaddr's IP is an IPv4-mapped IPv6 address (``::ffff:0:0/96``),
+    which the node never admits, stores or announces.
+
+    >>> is_mapped_addr("/ip6/::ffff:127.0.0.1/tcp/4141"), is_mapped_addr("/ip6/::1/tcp/4141")
+    (True, False)
+    """
+    ip = ip_of(addr)
+    try:
+        return ip is not None and ipaddress.ip_address(ip) in _MAPPED
+    except ValueError:
+        return False
 
 
 def is_lan_addr(addr: str) -> bool:
@@ -100,10 +175,8 @@ def is_lan_addr(addr: str) -> bool:
 
 
 def is_loopback(ip: str) -> bool:
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return False
+    addr = judged(ip)
+    return addr is not None and addr.is_loopback
 
 
 def decide(setting: str, announce: Iterable[str], addrs: Iterable[str]) -> Reachability:
@@ -155,12 +228,16 @@ def shown(reachability: Reachability, addrs: list[str], peer_ip: str | None) -> 
     """The addresses this node shows a peer whose connection comes from ``peer_ip``:
     all of them to a peer on its LAN (or on this machine), none of its LAN addresses to
     a peer elsewhere when it is private (they would lead that peer, and everyone it
-    tells, nowhere). A peer whose address is unknown counts as elsewhere.
+    tells, nowhere). A peer whose address is unknown counts as elsewhere. An IPv4-mapped
+    address is shown to nobody.
 
     >>> lan = ["/ip4/192.168.1.20/tcp/4141", "/ip4/127.0.0.1/tcp/4141"]
     >>> shown("private", lan, "198.18.0.1"), shown("private", lan, "192.168.1.9") == lan
     ([], True)
+    >>> shown("public", ["/ip6/::ffff:198.18.0.2/tcp/4141"], None)
+    []
     """
+    addrs = [a for a in addrs if not is_mapped_addr(a)]
     if reachability != "private" or (peer_ip is not None and is_lan(peer_ip)):
-        return list(addrs)
+        return addrs
     return [a for a in addrs if not is_lan_addr(a)]

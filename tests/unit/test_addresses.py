@@ -1,4 +1,4 @@
-"""Reachability and the addresses a peer may see (sapo_node/net/reach.py)."""
+"""Reachability and the addresses a peer may see (sapo_node/addresses.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,71 @@ import doctest
 
 import pytest
 
-from sapo_node.net import reach
+from sapo_node import addresses
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(reach).failed == 0
+    from sapo_node.net import autonat
+
+    assert doctest.testmod(addresses).failed == 0
+    assert doctest.testmod(autonat).failed == 0
+
+
+@pytest.mark.parametrize(
+    ("ip", "lan"),
+    [
+        ("::ffff:10.0.0.1", True),  # IPv4-mapped: what a dual-stack socket shows
+        ("::ffff:127.0.0.1", True),
+        ("::ffff:192.168.1.1", True),
+        ("0:0:0:0:0:ffff:c0a8:101", True),  # the same, written in full
+        ("::ffff:198.18.0.1", False),
+        ("64:ff9b::a00:1", True),  # NAT64 of 10.0.0.1
+        ("64:ff9b::7f00:1", True),  # of 127.0.0.1
+        ("64:ff9b::c612:1", False),  # of 198.18.0.1
+        ("2002:c0a8:101::1", True),  # 6to4 of 192.168.1.1
+        ("2002:7f00:1:2::9", True),  # of 127.0.0.1
+        ("2002:c612:1::1", False),  # of 198.18.0.1
+        ("2001:db8::1", False),
+        ("fd00::1", True),
+    ],
+)
+def test_an_address_that_embeds_ipv4_is_judged_by_it(ip: str, lan: bool) -> None:
+    from sapo_node.net.autonat import network_of
+
+    assert addresses.is_lan(ip) is lan
+    assert addresses.is_lan_addr(f"/ip6/{ip}/tcp/4141") is lan
+    embedded = addresses.judged(ip)
+    if embedded.version == 4:  # one /24 with the IPv4 address, however it is written
+        assert network_of(ip) == network_of(str(embedded))
+    mine = ["/ip4/192.168.1.20/tcp/4141"]
+    assert (addresses.shown("private", mine, ip) == mine) is lan  # its LAN sees its LAN addresses
+
+
+def test_ipv4_mapped_addresses_vote_apart_and_are_never_shown() -> None:
+    from sapo_node.net.autonat import FAILED, verdict
+
+    # a dual-stack listener sees IPv4 servers as mapped: two /24s, two votes, not one ::/48
+    assert verdict([("::ffff:198.18.0.1", FAILED), ("::ffff:203.0.113.9", FAILED)]) == "private"
+    assert verdict([("::ffff:198.18.0.1", FAILED), ("198.18.0.2", FAILED)]) is None  # one /24
+    mapped = "/ip6/::ffff:198.18.0.2/tcp/4141"
+    for state in ("public", "private", "local"):
+        assert addresses.shown(state, [mapped, "/ip4/198.18.0.2/tcp/4141"], "198.18.0.9") == [
+            "/ip4/198.18.0.2/tcp/4141"
+        ]
+    assert addresses.is_mapped_addr(mapped) and not addresses.is_mapped_addr(
+        "/ip4/198.18.0.2/tcp/1"
+    )
+    assert addresses.explain("auto", [], ["/ip6/::ffff:127.0.0.1/tcp/4141"]) == (
+        "local",
+        "loopback",
+    )
+
+
+def test_an_ipv4_mapped_announce_address_is_refused_with_the_ipv4_one_to_give() -> None:
+    from sapo_node.config import NetSection
+
+    with pytest.raises(ValueError, match="IPv4-mapped.*give it as /ip4/203.0.113.7/"):
+        NetSection(announce=["/ip6/::ffff:203.0.113.7/tcp/4141"])
 
 
 @pytest.mark.parametrize(
@@ -30,8 +90,8 @@ def test_doctests() -> None:
 def test_decide(
     setting: str, announce: list[str], addrs: list[str], expected: str, reason: str
 ) -> None:
-    assert reach.decide(setting, announce, addrs) == expected
-    assert reach.explain(setting, announce, addrs) == (expected, reason)
+    assert addresses.decide(setting, announce, addrs) == expected
+    assert addresses.explain(setting, announce, addrs) == (expected, reason)
 
 
 def test_a_private_node_shows_outsiders_no_lan_address() -> None:
@@ -40,13 +100,13 @@ def test_a_private_node_shows_outsiders_no_lan_address() -> None:
         "/ip6/fe80::1/tcp/4141",
         "/ip4/198.51.100.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit",  # a relayed address
     ]
-    outside = reach.shown("private", mine, "198.18.0.1")
+    outside = addresses.shown("private", mine, "198.18.0.1")
     assert outside == ["/ip4/198.51.100.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"]
-    assert reach.shown("private", mine, None) == outside  # unknown: treated as outside
-    assert reach.shown("private", mine, "192.168.1.9") == mine  # its LAN sees everything
-    assert reach.shown("private", mine, "127.0.0.1") == mine
-    assert reach.shown("public", mine, "198.18.0.1") == mine
-    assert reach.shown("local", mine, "198.18.0.1") == mine
+    assert addresses.shown("private", mine, None) == outside  # unknown: treated as outside
+    assert addresses.shown("private", mine, "192.168.1.9") == mine  # its LAN sees everything
+    assert addresses.shown("private", mine, "127.0.0.1") == mine
+    assert addresses.shown("public", mine, "198.18.0.1") == mine
+    assert addresses.shown("local", mine, "198.18.0.1") == mine
 
 
 def test_the_signed_peer_record_of_a_private_node_holds_no_lan_address(monkeypatch) -> None:
@@ -172,6 +232,8 @@ def test_a_peer_outside_the_lan_dialling_in_is_evidence_of_reachability() -> Non
     assert not check(node(accepted))  # on loopback: a LAN peer proves nothing
     assert check(node(accepted, "/ip4/198.18.0.1/tcp/4001"))  # a peer elsewhere dialled in
     assert not check(node(accepted, "/ip4/192.168.1.9/tcp/4001"))  # a LAN peer
+    assert not check(node(accepted, "/ip6/::ffff:192.168.1.9/tcp/4001"))  # one, IPv4-mapped
+    assert check(node(accepted, "/ip6/::ffff:198.18.0.1/tcp/4001"))
     assert not check(node(dialled, "/ip4/198.18.0.1/tcp/4001"))  # this node dialled out
     relayed = "/ip4/198.18.0.1/tcp/4001/p2p/12D3KooWRelay/p2p-circuit"
     assert not check(node(accepted, relayed))  # through a relay: not a dial to this node
@@ -181,19 +243,19 @@ def test_ranges_counted_as_lan_make_a_node_private_and_hide_its_addresses() -> N
     """net.lan_ranges: a network numbered out of other space (here 198.19/16, as the
     namespace tests number their home LANs) counts as LAN, as RFC 1918 does."""
     mine = ["/ip4/198.19.1.2/tcp/4141"]
-    assert reach.explain("auto", [], mine) == ("public", "address")
-    reach.count_as_lan(["198.19.0.0/16", "fd00:1::/64"])
+    assert addresses.explain("auto", [], mine) == ("public", "address")
+    addresses.count_as_lan(["198.19.0.0/16", "fd00:1::/64"])
     try:
-        assert reach.explain("auto", [], mine) == ("private", "nat")
-        assert reach.shown("private", mine, "198.18.0.1") == []
-        assert reach.shown("private", mine, "198.19.1.9") == mine  # its LAN sees it
-        assert reach.is_lan("fd00:1::5") and not reach.is_lan("198.18.0.1")
-        assert reach.is_lan("10.0.0.5")  # the built-in ranges still count
+        assert addresses.explain("auto", [], mine) == ("private", "nat")
+        assert addresses.shown("private", mine, "198.18.0.1") == []
+        assert addresses.shown("private", mine, "198.19.1.9") == mine  # its LAN sees it
+        assert addresses.is_lan("fd00:1::5") and not addresses.is_lan("198.18.0.1")
+        assert addresses.is_lan("10.0.0.5")  # the built-in ranges still count
     finally:
-        reach.count_as_lan([])
-    assert not reach.is_lan("198.19.1.2")
+        addresses.count_as_lan([])
+    assert not addresses.is_lan("198.19.1.2")
     with pytest.raises(ValueError):
-        reach.count_as_lan(["198.19.0.1/16"])  # host bits set
+        addresses.count_as_lan(["198.19.0.1/16"])  # host bits set
 
 
 class _Host:
@@ -217,3 +279,90 @@ def test_a_dial_back_connect_timeout_is_a_setting_that_must_be_positive() -> Non
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="connect timeout must be > 0 s"):
             autonat.SwarmAutoNAT(_Host(), serve=False, connect_s=bad)
+
+
+def test_two_lying_networks_do_not_demote_a_node_a_peer_elsewhere_dialled(monkeypatch) -> None:
+    """AutoNAT (net/autonat.py, verdict): two servers in two /24s (127.0.0.1 and
+    127.0.1.1, real hosts on loopback) answer every dial-back request "failed". A public
+    node that no peer outside the LAN dialled is demoted by them; one that such a peer
+    dialled during the check is not, and one dialled before the check is demoted only
+    once ALONE_S has passed with no peer dialling in. The peer elsewhere is a real
+    connection dialled to the node whose address is then replaced, since loopback is a
+    LAN range."""
+    from types import SimpleNamespace
+
+    import multiaddr
+    import trio
+    from libp2p.host.autonat.pb.autonat_pb2 import Message
+    from libp2p.peer.peerinfo import PeerInfo
+    from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+    from sapo_node.net import autonat
+    from sapo_node.net.network import Network
+    from sapo_node.net.state import STATE
+    from tests.support.rogue import make_host
+
+    def liar(host) -> None:
+        async def answer(stream) -> None:
+            await read_varint_prefixed_bytes_limited(stream, autonat.MAX_MESSAGE)
+            response = Message()
+            response.type = Message.DIAL_RESPONSE
+            response.dialResponse.status = Message.E_DIAL_ERROR
+            await stream.write(encode_varint_prefixed(response.SerializeToString()))
+            await stream.close()
+
+        host.set_stream_handler(autonat.PROTOCOL, answer)
+
+    async def check(outsider: bool, alone_s: float, within_s: float) -> str | None:
+        node_host, outside = make_host(), make_host()
+        liars = [make_host(), make_host()]
+        for host in liars:
+            liar(host)
+        at = lambda ip: [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/0")]  # noqa: E731
+        async with (
+            node_host.run(listen_addrs=at("127.0.0.1")),
+            liars[0].run(listen_addrs=at("127.0.0.1")),
+            liars[1].run(listen_addrs=at("127.0.1.1")),  # another /24
+            outside.run(listen_addrs=at("127.0.0.1")),
+        ):
+            node = SimpleNamespace(
+                host=node_host,
+                autonat=autonat.SwarmAutoNAT(node_host, serve=False),
+                s={"redial_s": 0.2, "autonat_alone_s": alone_s, "autonat_retry_s": 0.5},
+                reachability="public",
+                autonat_answers={},
+                autonat_failed_at=None,
+            )
+            for name in (
+                "_conns",
+                "_autonat_servers",
+                "_ask_dial_back",
+                "_dialled_in_from_outside",
+            ):
+                setattr(node, name, getattr(Network, name).__get__(node))
+            store = node_host.get_peerstore()
+            with trio.fail_after(20):
+                for host in liars:
+                    await node_host.connect(PeerInfo(host.get_id(), host.get_addrs()))
+                    while str(autonat.PROTOCOL) not in (store.get_protocols(host.get_id()) or ()):
+                        await trio.sleep(0.05)
+                if outsider:
+                    await outside.connect(PeerInfo(node_host.get_id(), node_host.get_addrs()))
+                    elsewhere = [multiaddr.Multiaddr("/ip4/198.18.0.9/tcp/4001")]
+                    for conn in node_host.get_network().get_connections(outside.get_id()):
+                        conn.get_transport_addresses = lambda: elsewhere
+            found = None
+            with trio.move_on_after(within_s):
+                found = await Network._ask_until_sure(node)
+            ips = {autonat.network_of(ip) for ip in node.autonat_answers}
+            assert len(ips) == 2 and set(node.autonat_answers.values()) == {autonat.FAILED}
+            return found
+
+    # no peer elsewhere ever dialled it: two networks' failures demote it, as before
+    assert trio.run(check, False, 60.0, 20.0) == "private"
+    # one dialled it during the check: the liars cannot demote it
+    assert trio.run(check, True, 60.0, 20.0) == "public"
+    # one dialled it before the check, none now: unsure until ALONE_S passes, then private
+    monkeypatch.setattr(STATE, "dialled_in_at", 0.0)
+    assert trio.run(check, False, 60.0, 3.0) is None
+    assert trio.run(check, False, 1.0, 20.0) == "private"
