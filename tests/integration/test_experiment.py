@@ -180,7 +180,8 @@ def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) ->
     assert [a.label for a in adaptive] == ["3/1 adaptive 3", "3/1 adaptive 4"]
     assert [a.dirname for a in adaptive] == ["3-1-adaptive-3", "3-1-adaptive-4"]
     train = node_config(spec, adaptive[1], 0, tmp_path).train
-    assert (train.local_groups, train.external_groups, train.j_bound()) == (3, 1, 4)
+    # A round keeps an own group to measure: signal reads a bound of I + J as one fewer.
+    assert (train.local_groups, train.external_groups, train.j_bound()) == (3, 1, 3)
     assert node_config(spec, arms(spec)[0], 0, tmp_path).train.j_bound() is None  # fixed
     with pytest.raises(ConfigError, match="adaptive bounds"):
         load_spec(good, {"experiment": {"adaptive": [5]}})  # more than I + J = 4
