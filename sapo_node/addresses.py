@@ -2,7 +2,7 @@
 
 A node behind a home router knows only its LAN addresses. Given to the DHT and to
 identify, they reached every public node, which handed them on to everyone: each peer
-then spent its dial loop on 192.168.x addresses that lead nowhere (issue 30). So a node
+then spent its dial loop on 192.168.x addresses that lead nowhere. So a node
 decides its reachability once, at start (:func:`decide`):
 
 - ``public``: peers anywhere can dial it: it was given addresses to announce (a

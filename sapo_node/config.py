@@ -73,7 +73,9 @@ def load_config(
     net = data.get("net")
     swarm_file = net.get("swarm_file") if isinstance(net, Mapping) else None
     if isinstance(swarm_file, str | Path):
-        data = swarmfile.under(swarmfile.load_swarm_file(Path(swarm_file)), data, swarm_file)
+        data = swarmfile.merge_as_defaults(
+            swarmfile.load_swarm_file(Path(swarm_file)), data, swarm_file
+        )
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

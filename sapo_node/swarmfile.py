@@ -5,7 +5,7 @@ configs/swarms/example.toml).
 A small TOML file: ``[swarm]`` its name, the wire protocol's major version and bootstrap
 addresses; ``[tasks]`` the task set its receivers accept (the node config's ``[tasks]``);
 ``[recommended]`` a model and how to train it. ``load_config`` lays it under the user's
-own config (``net.swarm_file``, ``--swarm-file``):
+own config (``net.swarm_file``, ``--swarm-file``; :func:`merge_as_defaults`):
 
     defaults < recommended < tasks, name, bootstrap < config file < environment < flags
 
@@ -208,7 +208,7 @@ class SwarmFile(_Table):
         """What ``[recommended]`` sets that a swarm file may set, within its ranges, as
         config data; and what it sets otherwise (which is ignored): the dotted name of
         each field it may not set, ``name = value (range)`` for each value out of range."""
-        kept, ignored = _split(self.recommended.model_dump(exclude_unset=True), ())
+        kept, ignored = _split_recommendable(self.recommended.model_dump(exclude_unset=True), ())
         return kept, ignored + _out_of_range(kept)
 
     def scoring(self) -> dict[str, Any]:
@@ -247,7 +247,7 @@ def load_swarm_file(path: Path) -> SwarmFile:
             f"{PROTOCOL_VERSION}: {todo}"
         )
     for where, why in _NOT_RECOMMENDED.items():
-        if _has(data.get("recommended"), where):
+        if _has_key_path(data.get("recommended"), where):
             raise ConfigError(f"swarm file {path}: recommended.{'.'.join(where)}: {why}")
     if isinstance(data.get("tasks"), dict) and "families" not in data["tasks"]:
         raise ConfigError(f"swarm file {path}: tasks.families: required (the swarm's task set)")
@@ -257,7 +257,12 @@ def load_swarm_file(path: Path) -> SwarmFile:
         raise ConfigError(f"swarm file {path}: {_describe(exc)}") from None
 
 
-def _split(data: dict[str, Any], where: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+def _split_recommendable(
+    data: dict[str, Any], where: tuple[str, ...]
+) -> tuple[dict[str, Any], list[str]]:
+    """``data`` (the table at ``where`` in ``[recommended]``) split in two: the fields a
+    swarm file may set (``RECOMMENDABLE``), as a table of the same shape, and the dotted
+    name of every other field it sets."""
     kept: dict[str, Any] = {}
     ignored: list[str] = []
     for key, value in data.items():
@@ -265,7 +270,7 @@ def _split(data: dict[str, Any], where: tuple[str, ...]) -> tuple[dict[str, Any]
         if any(path[: len(p)] == p for p in RECOMMENDABLE):
             kept[key] = value
         elif isinstance(value, dict):  # a table: each field of it named, or kept
-            inner, more = _split(value, path)
+            inner, more = _split_recommendable(value, path)
             if inner:
                 kept[key] = inner
             ignored += more
@@ -288,7 +293,8 @@ def _out_of_range(kept: dict[str, Any]) -> list[str]:
     return dropped
 
 
-def _has(table: Any, where: tuple[str, ...]) -> bool:
+def _has_key_path(table: Any, where: tuple[str, ...]) -> bool:
+    """Whether the nested tables ``table`` hold the keys ``where``, one inside the other."""
     for key in where:
         if not isinstance(table, dict) or key not in table:
             return False
@@ -296,9 +302,10 @@ def _has(table: Any, where: tuple[str, ...]) -> bool:
     return True
 
 
-def under(swarm: SwarmFile, user: dict[str, Any], source: Path | str) -> dict[str, Any]:
+def merge_as_defaults(swarm: SwarmFile, user: dict[str, Any], source: Path | str) -> dict[str, Any]:
     """Config data: ``swarm`` (from file ``source``) laid under ``user``'s (file,
-    environment and flags merged), bootstrap lists joined."""
+    environment and flags merged) as defaults that the user's values override, bootstrap
+    lists joined; a user's swarm name or shard count that contradicts the file is refused."""
     net = user.get("net") if isinstance(user.get("net"), dict) else {}
     name = net.get("swarm")
     if name is not None and name != swarm.swarm.name:

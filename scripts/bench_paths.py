@@ -43,21 +43,30 @@ import json
 import math
 import os
 import platform
-import resource
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_round's helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import bench_round  # noqa: E402
+from scripts.support.measure import PeakRss, timed  # noqa: E402
+from scripts.support.paths_equivalence import (  # noqa: E402
+    generation_equivalence,
+    grad_equivalence,
+    grads,
+    relative_diff,
+)
+from scripts.support.round_setup import (  # noqa: E402
+    checkpointing,
+    in_float32,
+    is_checkpointing,
+    training_setup,
+)
 
 PATHS = (
     "bf16_compute",
@@ -86,38 +95,6 @@ def base_name(name: str) -> str:
     return name.removesuffix("_training").removesuffix("_one_length")
 
 
-class PeakRss:
-    """The highest resident size while the block runs, above its size at the start (MiB),
-    sampled every 2 ms from /proc/self/statm (Linux; elsewhere 0), and minor page faults."""
-
-    def __enter__(self) -> PeakRss:
-        self.start = self.peak = _rss_mb()
-        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, _rss_mb())
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_mb())
-        self.above = self.peak - self.start
-        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults
-
-
-def _rss_mb() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 def alternate(runs: dict[str, Callable[[], dict]], repeats: int) -> dict[str, list[dict]]:
     """Each run once as a warm-up, then ``repeats`` times, the order reversed every
     repeat. A run returns its figures: {"s": seconds, ...}."""
@@ -140,11 +117,6 @@ def summary(on: list[dict], off: list[dict], key: str = "s") -> dict:
     }
 
 
-def relative_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """Largest |a - b| and the largest |b|."""
-    return float((a.float() - b.float()).abs().max()), float(b.float().abs().max())
-
-
 # --- generation -------------------------------------------------------------------------
 
 
@@ -157,7 +129,7 @@ def generation_runs(policy, prompts, gen, new_tokens):
 
     def run(packed=True, preallocated=True, mask=True, float32=False, rows=prompts) -> dict:
         torch.manual_seed(0)
-        dtype = bench_round._float32(policy) if float32 else contextlib.nullcontext()
+        dtype = in_float32(policy) if float32 else contextlib.nullcontext()
         with PeakRss() as mem, dtype:
             start = time.perf_counter()
             with torch.inference_mode(), policy.compute_weights(packed=packed):
@@ -181,95 +153,6 @@ def generation_runs(policy, prompts, gen, new_tokens):
     return run
 
 
-def greedy_logits(policy, prompts, steps, **switches) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy decoding of 2 completions a prompt: the tokens of every row and the logits
-    [rows, vocabulary] of every step (decode.sample_next wrapped)."""
-    from sapo_node.train import decode
-
-    seen: list[torch.Tensor] = []
-    real = decode.sample_next
-
-    def record(logits, sampling):
-        seen.append(logits.clone())
-        return real(logits, sampling)
-
-    float32 = switches.pop("float32", False)
-    dtype = bench_round._float32(policy) if float32 else contextlib.nullcontext()
-    decode.sample_next = record
-    try:
-        packed = switches.pop("packed", True)
-        with dtype, torch.inference_mode(), policy.compute_weights(packed=packed):
-            out = decode.sample(
-                policy.model.eval(),
-                prompts,
-                2,
-                max_new_tokens=steps,
-                sampling=decode.Sampling(1.0, 1, 1.0),
-                eos_ids=[],
-                device=policy.device,
-                max_batch_sequences=64,
-                autocast=policy.autocast,
-                preallocated_cache=switches.pop("preallocated", True),
-                decode_mask=switches.pop("mask", True),
-            )
-    finally:
-        decode.sample_next = real
-    return [c for g in out for c in g], seen
-
-
-def generation_equivalence(policy, prompts, steps: int, **off) -> dict:
-    """Greedy tokens and logits of the default path against the path switched off: the
-    logits compared up to the first step where any row's token differs."""
-    tokens_on, logits_on = greedy_logits(policy, prompts, steps)
-    tokens_off, logits_off = greedy_logits(policy, prompts, steps, **off)
-    same_steps = steps
-    for t in range(steps):
-        if any(a[t] != b[t] for a, b in zip(tokens_on, tokens_off, strict=True)):
-            same_steps = t + 1  # this step's logits still come from identical inputs
-            break
-    diff = scale = 0.0
-    for a, b in zip(logits_on[:same_steps], logits_off[:same_steps], strict=True):
-        d, s = relative_diff(a, b)
-        diff, scale = max(diff, d), max(scale, s)
-    identical = sum(a == b for a, b in zip(tokens_on, tokens_off, strict=True))
-    return {
-        "kind": f"greedy decoding, {steps} tokens: logits of the steps before tokens differ",
-        "tokens_identical": identical == len(tokens_on),
-        "rows_identical": f"{identical}/{len(tokens_on)}",
-        "max_abs_diff": diff,
-        "largest": scale,
-        "relative": diff / scale if scale else 0.0,
-    }
-
-
-# --- training ---------------------------------------------------------------------------
-
-
-def grads(trainer, samples) -> torch.Tensor:
-    trainer.gradients(samples)
-    out = torch.cat([p.grad.detach().float().flatten() for p in trainer.params])
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return out
-
-
-def grad_equivalence(a: torch.Tensor, b: torch.Tensor) -> dict:
-    diff, scale = relative_diff(a, b)
-    return {
-        "kind": "gradients of one forward and backward",
-        "max_abs_diff": diff,
-        "largest": scale,
-        "relative": diff / scale if scale else 0.0,
-    }
-
-
-def timed(fn: Callable[[], object]) -> dict:
-    with PeakRss() as mem:
-        start = time.perf_counter()
-        fn()
-        seconds = time.perf_counter() - start
-    return {"s": seconds, "peak_mib": mem.above, "faults": mem.faults}
-
-
 def measure(args: argparse.Namespace) -> dict:
     from sapo_node.ops.lifecycle import cap_kernel_caches, fix_mmap_threshold
     from sapo_node.train.optim import CompactAdam
@@ -277,7 +160,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     cap_kernel_caches()  # as a node's program does, before any product
     fix_mmap_threshold()
-    cfg, policy, samples = bench_round._training_setup(args)
+    cfg, policy, samples = training_setup(args)
     prompts = [list(p) for p in dict.fromkeys(tuple(x.prompt_ids) for x in samples)]
     gen = cfg.generation
     new = args.new_tokens or gen.max_new_tokens
@@ -364,7 +247,7 @@ def measure(args: argparse.Namespace) -> dict:
         if "bf16_compute" in only and half:
 
             def float32_step() -> dict:
-                with bench_round._float32(policy):
+                with in_float32(policy):
                     return timed(lambda: grads(on, samples))
 
             arms["bf16_compute"] = float32_step
@@ -373,7 +256,7 @@ def measure(args: argparse.Namespace) -> dict:
         for name in list(arms)[1:]:
             key = "bf16_compute_training" if name == "bf16_compute" else name
             if name == "bf16_compute":
-                with bench_round._float32(policy):
+                with in_float32(policy):
                     other = grads(on, samples)
             else:
                 other = grads(off[name], samples)
@@ -395,8 +278,8 @@ def measure(args: argparse.Namespace) -> dict:
     if "unchecked_small" in only:
         small = samples[:16]  # two groups: one micro-batch of two rows
         sizes = [mb.input_ids.numel() for _, mb in Trainer(policy, s, new)._micro_batches(small)]
-        ckpt = bench_round._is_checkpointing(policy.model)
-        with bench_round._checkpointing(policy.model, True):
+        ckpt = is_checkpointing(policy.model)
+        with checkpointing(policy.model, True):
             skip = Trainer(
                 policy, s.model_copy(update={"checkpoint_above_tokens": max(sizes)}), new
             )

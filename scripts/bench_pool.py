@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -38,8 +39,12 @@ from typing import Any
 
 import msgpack
 
-from sapo_node.intake import wire
-from sapo_node.intake.pool import (
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sapo_node.intake import wire  # noqa: E402
+from sapo_node.intake.pool import (  # noqa: E402
     POLICIES,
     Candidate,
     Pool,
@@ -47,25 +52,13 @@ from sapo_node.intake.pool import (
     group_digest,
     reward_spread,
 )
-from sapo_node.tasks import PAPER_FAMILIES, TaskRef, generator_of, make_task
+from sapo_node.tasks import PAPER_FAMILIES, TaskRef, generator_of, make_task  # noqa: E402
+from scripts.support.measure import best_rate, pct  # noqa: E402
+from scripts.support.messages import COMPLETIONS, completion  # noqa: E402
 
 # Round 1's generate time in docs/benchmarks.md ("Generation path and round overhead").
 DOCS_GENERATE_S = 20.9
-COMPLETIONS = 8
 POOL_SIZE = 10_000
-_TEXT = (
-    "first add the two numbers then carry one so we get next check sum result step "
-    "digit plus minus times equals ones tens answer is which makes so far"
-)
-WORDS = _TEXT.split()
-
-
-def completion(rng: random.Random, answer: str) -> str:
-    """About 64 tokens of arithmetic-looking text ending in an answer tag."""
-    parts = []
-    for _ in range(34):
-        parts.append(rng.choice(WORDS) if rng.random() < 0.7 else str(rng.randint(0, 99)))
-    return " ".join(parts) + f".\n<answer>{answer}</answer>"
 
 
 def basic_arithmetic_messages(
@@ -117,20 +110,6 @@ def synthetic_group(
     )
     rewards = tuple(1.0 if rng.random() < p else 0.0 for _ in range(COMPLETIONS))
     return PooledGroup(group, author, rewards), wire.encode(group), group_digest(author, group)
-
-
-def best_rate(fn: Callable[[], int], repeats: int = 3) -> float:
-    """Best items/s of ``repeats`` runs of fn (which returns how many items it did)."""
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        n = fn()
-        rates.append(n / (time.perf_counter() - start))
-    return max(rates)
-
-
-def pct(values: list[float], q: float) -> float:
-    return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
 
 # --- a. decode ----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Every prompt starts with the same tokens (chat template, system prompt, worked e
 90 of the embedded model's ~105 with the default tasks); ``train.shared_prefix`` computes
 them once per step and lets every prompt row read their keys and values, instead of
 computing them again in each row. This measures it on the peers' groups with signal of
-a run's sample (scripts/bench_merge.py's ``signal_groups``; default the evidence
+a run's sample (scripts/support/sample_setup.py's ``signal_groups``; default the evidence
 setting's, docs/results/screening-cpu/peer-completions.jsonl), 4 groups to a step, in two
 round shapes: ``whole`` (every completion of the 4 groups trains, as in today's 2/2 or a
 4/0 round whose groups all have signal) and ``k2`` (2 groups whole and 2 peers' groups
@@ -33,14 +33,13 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from bench_merge import parser, trainer_and_groups  # noqa: E402
 
 from sapo_node.groups import training_set  # noqa: E402
 from sapo_node.train import grpo  # noqa: E402
 from sapo_node.train.trainer import Trainer, _per_token, _with_head  # noqa: E402
+from scripts.support.sample_setup import parser, trainer_and_groups  # noqa: E402
 
 
 def row_tokens(trainer: Trainer, samples) -> int:
@@ -63,6 +62,45 @@ def ranks(trainer: Trainer, samples) -> None:
     for _, mb in trainer._micro_batches(samples, len(shared)):
         states, head = trainer._states(trainer.policy.model, mb, prefix)
         _per_token(mb, states, _with_head(grpo.token_ranks, head))
+
+
+def compare_gradients(ways: dict, start: tuple, batches: dict, tokens: dict) -> tuple[float, float]:
+    """The gradients of the whole batch both ways, from ``start``: their largest difference
+    and the largest gradient; each way's row tokens of every batch added to ``tokens``."""
+    grads = {}
+    for w, trainer in ways.items():
+        trainer.policy.load_trainable_state(start[0])
+        b = batches["whole"]
+        trainer.gradients(b.samples, batch_rows=b.batch_rows, batch_tokens=b.batch_tokens)
+        grads[w] = [p.grad.clone() for p in trainer.policy.trainable_parameters()]
+        for c, batch in batches.items():
+            tokens[c][w] += row_tokens(trainer, batch.samples)
+    worst, largest = 0.0, 0.0
+    for a, b in zip(grads["shared"], grads["each row"], strict=True):
+        worst = max(worst, float((a - b).abs().max()))
+        largest = max(largest, float(b.abs().max()))
+    return worst, largest
+
+
+def time_steps(
+    ways: dict, start: tuple, batches: dict, checked: list, repeats: int, seconds: dict
+) -> None:
+    """Each way's training step on each batch from ``start``, and its ranks of ``checked``,
+    ``repeats`` times, the ways' order reversed every repeat; seconds added to ``seconds``."""
+    for rep in range(repeats):
+        for w in list(ways)[:: 1 if rep % 2 else -1]:
+            trainer = ways[w]
+            for c, batch in batches.items():
+                trainer.policy.load_trainable_state(start[0])
+                trainer.optimizer.load_state_dict(copy.deepcopy(start[1]))
+                t0 = time.perf_counter()
+                trainer.step(
+                    batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
+                )
+                seconds[c][w].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ranks(trainer, checked)
+            seconds["ranks"][w].append(time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -94,35 +132,11 @@ def main() -> None:
                     four[:2] + peers, "std", external_completions=2, rng=random.Random(step)
                 ),
             }
-            grads = {}
-            for w, trainer in ways.items():
-                policy.load_trainable_state(start[0])
-                b = batches["whole"]
-                trainer.gradients(b.samples, batch_rows=b.batch_rows, batch_tokens=b.batch_tokens)
-                grads[w] = [p.grad.clone() for p in policy.trainable_parameters()]
-                for c, batch in batches.items():
-                    tokens[c][w] += row_tokens(trainer, batch.samples)
-            for a, b in zip(grads["shared"], grads["each row"], strict=True):
-                worst = max(worst, float((a - b).abs().max()))
-                largest = max(largest, float(b.abs().max()))
+            diff, scale = compare_gradients(ways, start, batches, tokens)
+            worst, largest = max(worst, diff), max(largest, scale)
             checked = [s for s in batches["whole"].samples if s.prompt_ids in
                        (four[2].prompt_ids, four[3].prompt_ids)]  # fmt: skip
-            for rep in range(args.repeats):
-                for w in list(ways)[:: 1 if rep % 2 else -1]:
-                    trainer = ways[w]
-                    for c, batch in batches.items():
-                        policy.load_trainable_state(start[0])
-                        trainer.optimizer.load_state_dict(copy.deepcopy(start[1]))
-                        t0 = time.perf_counter()
-                        trainer.step(
-                            batch.samples,
-                            batch_rows=batch.batch_rows,
-                            batch_tokens=batch.batch_tokens,
-                        )
-                        seconds[c][w].append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    ranks(trainer, checked)
-                    seconds["ranks"][w].append(time.perf_counter() - t0)
+            time_steps(ways, start, batches, checked, args.repeats, seconds)
     report = {"model": args.model, "steps": steps}
     for c in cases:
         a, b = (statistics.median(seconds[c][w]) for w in ways)
@@ -130,9 +144,7 @@ def main() -> None:
         if c in tokens:
             report[c]["row_tokens_shared"] = tokens[c]["shared"]
             report[c]["row_tokens_each_row"] = tokens[c]["each row"]
-    report["grad_max_abs_diff"] = worst
-    report["grad_max_abs"] = largest
-    print(json.dumps(report))
+    print(json.dumps(report | {"grad_max_abs_diff": worst, "grad_max_abs": largest}))
 
 
 if __name__ == "__main__":

@@ -49,13 +49,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from scripts.support.round_memory import measure_heap, measure_training_rss  # noqa: E402
+from scripts.support.round_setup import (  # noqa: E402
+    checkpointing,
+    default_prompts,
+    in_float32,
+    is_checkpointing,
+    previous_optimizer,
+    training_setup,
+)
 
 
 def main() -> None:
@@ -98,42 +112,11 @@ def main() -> None:
         measure_training(args)
 
 
-def _default_prompts(args: argparse.Namespace):
-    """The default config, the embedded model, and the chat prompts of 4 real tasks."""
-    from sapo_node.config import load_config
-    from sapo_node.curriculum import Curriculum
-    from sapo_node.tasks import build_messages, make_task
-    from sapo_node.train.policy import load_policy
-
-    lora = {"SAPO_MODEL__LORA__ENABLED": "true"} if getattr(args, "lora", False) else {}
-    # SAPO_* variables in the environment change the config, as they do a node's.
-    cfg = load_config(
-        environ={**{k: v for k, v in os.environ.items() if k.startswith("SAPO_")}, **lora}
-    )
-    policy = load_policy(
-        args.model,
-        device="cpu",
-        dtype=cfg.model.dtype,
-        lora=cfg.model.lora,
-        cache_dir=args.data_dir / "models",
-        gradient_checkpointing=cfg.model.gradient_checkpointing
-        or getattr(args, "rss_step", None) == "ckpt",
-    )
-    curriculum = Curriculum(cfg.tasks.families, cfg.curriculum)
-    tasks = [make_task(r) for r in curriculum.sample(seed=7, round_=0, count=4)]
-    t = cfg.tasks
-    prompts = [
-        policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
-        for task in tasks
-    ]
-    return cfg, policy, prompts
-
-
 def measure_generation(args: argparse.Namespace) -> None:
     """Generation: the node's path (decode.py) against plain generate and the GEMM bound."""
     from sapo_node.train import decode
 
-    cfg, policy, prompts = _default_prompts(args)
+    cfg, policy, prompts = default_prompts(args)
     gen = cfg.generation
     n, new = gen.completions_per_task, gen.max_new_tokens
     rows = len(prompts) * n
@@ -227,7 +210,7 @@ def measure_generation(args: argparse.Namespace) -> None:
             if name == "node":
                 made = policy.generate(prompts, gen, n=n).new_tokens
             else:
-                with _float32(policy):
+                with in_float32(policy):
                     out = policy.generate_plain(prompts, gen, n=n)
                 made = sum(len(c) for g in out for c in g)
             natural[name].append(made / (time.perf_counter() - start))
@@ -253,16 +236,6 @@ def _weight_matrices(model) -> list[torch.Tensor]:
     if not any(m is head for m in mats):
         mats.append(head)
     return [m.detach() for m in mats]
-
-
-@contextlib.contextmanager
-def _float32(policy):
-    """The policy computing in float32 (no autocast), as every CPU node did before."""
-    dtype, policy.dtype = policy.dtype, torch.float32
-    try:
-        yield
-    finally:
-        policy.dtype = dtype
 
 
 def _gemm_seconds(
@@ -405,50 +378,11 @@ def measure_rounds(args: argparse.Namespace) -> None:
     print(f"peak RSS: {max(r['memory/peak_rss_mb'] for r in rows):.0f} MiB")
 
 
-def _repo_on_path() -> None:
-    """Make ``tests.support`` (the unshared reference step) importable."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def _training_setup(args: argparse.Namespace):
-    """The embedded model and a default-shaped round: 4 real prompts x 8 completions.
-
-    Completions are random ordinary tokens of 18-42 tokens (~30, like real ones); the
-    advantages are those of random 0/1 rewards, so every group has signal.
-    """
-    from sapo_node.train import grpo
-    from sapo_node.train.trainer import Sample
-
-    cfg, policy, prompts = _default_prompts(args)
-    g = torch.Generator().manual_seed(0)
-    n = cfg.generation.completions_per_task
-    samples = []
-    for prompt in prompts:
-        rewards = torch.tensor([[1.0, 0.0] * (n // 2)])[:, torch.randperm(n, generator=g)]
-        adv = grpo.group_advantages(rewards)[0].tolist()
-        for a in adv:
-            length = int(torch.randint(18, 43, (1,), generator=g))
-            vocab = policy.tokenizer.vocab_size  # ordinary tokens: past the first 100
-            ids = torch.randint(min(100, vocab // 2), vocab, (length,), generator=g)
-            samples.append(Sample(prompt, ids.tolist(), a))
-    return cfg, policy, samples
-
-
-def previous_optimizer(params, settings) -> torch.optim.Optimizer:
-    """The optimiser of the step before issue 10: torch's default Adam(W), a loop over the
-    parameters on the CPU (the trainer's is the fused kernel)."""
-    cls = torch.optim.AdamW if settings.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
-
-
 def measure_training(args: argparse.Namespace) -> None:
-    _repo_on_path()
     from sapo_node.train.trainer import Trainer
     from tests.support.unshared import unshared_backward
 
-    cfg, policy, samples = _training_setup(args)
+    cfg, policy, samples = training_setup(args)
     s, new = cfg.train, cfg.generation.max_new_tokens
     prompt_tokens = sum(len(x.prompt_ids) for x in samples)
     completion_tokens = sum(len(x.completion_ids) for x in samples)
@@ -467,7 +401,7 @@ def measure_training(args: argparse.Namespace) -> None:
     before = s.model_copy(update={"micro_batch_size": 8})  # the release's default
 
     # Equal gradients: both paths in float32 (the node's own dtype adds its rounding).
-    with _float32(policy), _checkpointing(policy.model, False):
+    with in_float32(policy), checkpointing(policy.model, False):
         start = time.perf_counter()
         trainer.gradients(samples)
         t_new = time.perf_counter() - start
@@ -489,7 +423,7 @@ def measure_training(args: argparse.Namespace) -> None:
 
     def old_step() -> float:
         start = time.perf_counter()
-        with _float32(policy), _checkpointing(policy.model, False):
+        with in_float32(policy), checkpointing(policy.model, False):
             unshared_backward(policy, samples, before, new)
         torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
         old_optimizer.step()
@@ -501,11 +435,11 @@ def measure_training(args: argparse.Namespace) -> None:
         trainer.step(samples)
         return time.perf_counter() - start
 
-    ckpt = _is_checkpointing(policy.model)
+    ckpt = is_checkpointing(policy.model)
     other = "without" if ckpt else "with"
 
     def toggled_step() -> float:
-        with _checkpointing(policy.model, not ckpt):
+        with checkpointing(policy.model, not ckpt):
             return new_step()
 
     print(f"  new: micro_batch_size {s.micro_batch_size}, gradient checkpointing {ckpt}")
@@ -543,177 +477,6 @@ def measure_training(args: argparse.Namespace) -> None:
         + ", ".join(f"{k} {min(v):.3f} s" for k, v in steps.items())
         + f" (the node's: {type(trainer.optimizer).__name__})"
     )
-
-
-def _is_checkpointing(model) -> bool:
-    if hasattr(model, "is_activation_checkpointing"):  # transformers 5's name
-        return bool(model.is_activation_checkpointing)
-    return bool(model.is_gradient_checkpointing)
-
-
-@contextlib.contextmanager
-def _checkpointing(model, on: bool):
-    """Gradient checkpointing on or off for the block, as it was after."""
-    was = _is_checkpointing(model)
-
-    def turn(state: bool) -> None:
-        verb = "enable" if state else "disable"
-        for name in (f"activation_checkpointing_{verb}", f"gradient_checkpointing_{verb}"):
-            if hasattr(model, name):  # transformers 5 renamed it; 4.x has the old name only
-                getattr(model, name)()
-                return
-
-    if on != was:
-        turn(on)
-    try:
-        yield
-    finally:
-        if on != was:
-            turn(was)
-
-
-def measure_training_rss(args: argparse.Namespace) -> None:
-    import resource
-
-    _repo_on_path()
-    from sapo_node.ops.lifecycle import fix_mmap_threshold
-    from sapo_node.train.trainer import Trainer
-    from tests.support.unshared import unshared_backward
-
-    fix_mmap_threshold()  # the allocator as a node sets it
-    cfg, policy, samples = _training_setup(args)
-    trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
-    old_optimizer = previous_optimizer(trainer.params, cfg.train)
-    peaks = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
-    for _ in range(2):  # the second step is the first with AdamW's state in memory
-        if args.rss_step == "old":
-            unshared_backward(policy, samples, cfg.train, cfg.generation.max_new_tokens)
-            torch.nn.utils.clip_grad_norm_(trainer.params, cfg.train.grad_clip)
-            old_optimizer.step()
-            old_optimizer.zero_grad(set_to_none=True)
-        else:
-            trainer.step(samples)
-        peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    print(
-        f"{args.rss_step}: peak RSS after loading {peaks[0]:.0f} MiB, after step 1 "
-        f"{peaks[1]:.0f} MiB, after step 2 {peaks[2]:.0f} MiB"
-    )
-
-
-def measure_heap(args: argparse.Namespace) -> None:
-    """Training steps of changing shapes, as a node's rounds are: does memory settle?"""
-    import random
-    import resource
-
-    from sapo_node.ops.lifecycle import fix_mmap_threshold
-    from sapo_node.train.trainer import Sample, Trainer
-
-    fix_mmap_threshold()  # what a node does, unless MALLOC_MMAP_THRESHOLD_ is set
-    cfg, policy, samples = _training_setup(args)
-    trainer = Trainer(policy, cfg.train, cfg.generation.max_new_tokens)
-    rng = random.Random(0)
-    batches = [
-        [
-            Sample(x.prompt_ids, (x.completion_ids * 3)[: rng.randint(5, 64)], x.advantage)
-            for x in samples[: rng.choice([8, 16, 24, 32])]
-        ]
-        for _ in range(args.heap_steps)
-    ]
-    if args.compare_threshold:
-        _compare_thresholds(args, cfg, policy, trainer, samples, batches)
-        return
-    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "the node's")
-    print(f"heap: {args.heap_steps} steps, mmap threshold {threshold}")
-    for step, batch in enumerate(batches):
-        start = time.perf_counter()
-        trainer.step(batch)
-        seconds = time.perf_counter() - start
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        heap = _glibc_heap()
-        print(
-            f"  step {step}: {len(batch)} sequences, {seconds:.1f} s, RSS {_rss_mb():.0f} MiB, "
-            f"peak {peak:.0f} MiB"
-            + (f", heap in use {heap[0]:.0f} MiB, free {heap[1]:.0f} MiB" if heap else ""),
-            flush=True,
-        )
-
-
-def _compare_thresholds(args, cfg, policy, trainer, samples, batches) -> None:
-    """Generation tokens/s and training seconds under two mmap thresholds, interleaved."""
-    import ctypes
-
-    from sapo_node.ops.lifecycle import MMAP_THRESHOLD
-
-    mallopt = ctypes.CDLL("libc.so.6").mallopt
-    prompts = [list(p) for p in dict.fromkeys(tuple(x.prompt_ids) for x in samples)]  # the 4 tasks'
-    gen = cfg.generation
-    # [generate s, tokens, train s]; each run trains, so the next generation differs.
-    totals = {MMAP_THRESHOLD: [0.0, 0, 0.0], args.compare_threshold: [0.0, 0, 0.0]}
-    print(f"heap: mmap threshold {MMAP_THRESHOLD} (the node's) vs {args.compare_threshold}")
-    for step, batch in enumerate(batches):
-        order = list(totals) if step % 2 == 0 else list(totals)[::-1]
-        for threshold in order:
-            mallopt(-3, threshold)  # M_MMAP_THRESHOLD
-            torch.manual_seed(step)
-            start = time.perf_counter()
-            made = policy.generate(prompts, gen, n=gen.completions_per_task).new_tokens
-            middle = time.perf_counter()
-            trainer.step(batch)
-            end = time.perf_counter()
-            totals[threshold][0] += middle - start
-            totals[threshold][1] += made
-            totals[threshold][2] += end - middle
-            print(
-                f"  step {step}, threshold {threshold}: generate {made} tokens "
-                f"{middle - start:.1f} s, train {len(batch)} sequences {end - middle:.1f} s",
-                flush=True,
-            )
-    (g1, n1, t1), (g2, n2, t2) = totals.values()
-    print(
-        f"  total: generate {n1 / g1:.1f} vs {n2 / g2:.1f} tok/s ({(n1 / g1) / (n2 / g2):.3f}x), "
-        f"train {t1:.1f} vs {t2:.1f} s ({t2 / t1:.3f}x)"
-    )
-
-
-def _rss_mb() -> float:
-    """The resident size now (Linux), else the peak."""
-    import resource
-
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _glibc_heap() -> tuple[float, float] | None:
-    """glibc's main heap (MiB): in use, free but kept (``mallinfo2``); None elsewhere."""
-    import ctypes
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [
-            (name, ctypes.c_size_t)
-            for name in [
-                "arena",
-                "ordblks",
-                "smblks",
-                "hblks",
-                "hblkhd",
-                "usmblks",
-                "fsmblks",
-                "uordblks",
-                "fordblks",
-                "keepcost",
-            ]
-        ]
-
-    try:
-        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    mallinfo2.restype = MallInfo2
-    info = mallinfo2()
-    return info.uordblks / 2**20, info.fordblks / 2**20
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 peer group's completions (``groups.stratified``). A group's completions train after one
 shared prompt row (the trainer packs them), so the saving is less than k/8 when the
 prompt is long beside the completions. This measures it on the peers' groups with signal
-of a run's sample (scripts/bench_merge.py's ``signal_groups``; default the evidence
+of a run's sample (scripts/support/sample_setup.py's ``signal_groups``; default the evidence
 setting's, docs/results/screening-cpu/peer-completions.jsonl), 2 groups to a step as a
 2/2 round's peers' part trains: seconds of ``Trainer.step`` with every completion and
 with k of them, each from the same weights and optimiser state, interleaved in rotating
@@ -28,11 +28,34 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_merge import parser, trainer_and_groups  # noqa: E402
 
 from sapo_node.groups import training_set  # noqa: E402
+from scripts.support.sample_setup import parser, trainer_and_groups  # noqa: E402
+
+
+def report(args, ks: list[int], seconds: dict, sequences: dict, used: list) -> dict:
+    """The figures: the groups' sizes, and per k its sequences and median step seconds,
+    against every completion's (k = 0)."""
+    all_s = statistics.median(seconds[0])
+    return {
+        "model": args.model,
+        "steps": len(seconds[0]) // args.repeats,
+        "prompt_tokens_mean": round(statistics.mean(len(g.prompt_ids) for g in used), 1),
+        "completion_tokens_mean": round(
+            statistics.mean(len(c) for g in used for c in g.completion_ids), 1
+        ),
+        "completions_per_group_mean": round(
+            statistics.mean(len(g.completion_ids) for g in used), 2
+        ),
+        "per_k": {
+            str(k): {
+                "sequences": sequences[k],
+                "seconds_median": round(statistics.median(seconds[k]), 4),
+                "over_all": round(statistics.median(seconds[k]) / all_s, 3),
+            }
+            for k in ks
+        },
+    }
 
 
 def main() -> None:
@@ -68,30 +91,7 @@ def main() -> None:
                         batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
                     )
                     seconds[k].append(time.perf_counter() - t0)
-    all_s = statistics.median(seconds[0])
-    print(
-        json.dumps(
-            {
-                "model": args.model,
-                "steps": len(seconds[0]) // args.repeats,
-                "prompt_tokens_mean": round(statistics.mean(len(g.prompt_ids) for g in used), 1),
-                "completion_tokens_mean": round(
-                    statistics.mean(len(c) for g in used for c in g.completion_ids), 1
-                ),
-                "completions_per_group_mean": round(
-                    statistics.mean(len(g.completion_ids) for g in used), 2
-                ),
-                "per_k": {
-                    str(k): {
-                        "sequences": sequences[k],
-                        "seconds_median": round(statistics.median(seconds[k]), 4),
-                        "over_all": round(statistics.median(seconds[k]) / all_s, 3),
-                    }
-                    for k in ks
-                },
-            }
-        )
-    )
+    print(json.dumps(report(args, ks, seconds, sequences, used)))
 
 
 if __name__ == "__main__":

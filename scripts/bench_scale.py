@@ -3,7 +3,7 @@
 For each swarm size N (``--nodes 4,8,16,24``), a fresh swarm of N lightweight members on
 127.0.0.1: real :class:`sapo_node.net.process.Libp2pTransport` network processes
 (py-libp2p GossipSub, DHT, default limits, mDNS off) without models, held by this one
-process, each publishing valid wire groups (``bench_swarm.group_bytes``: 8 completions,
+process, each publishing valid wire groups (``scripts/support/messages.py``: 8 completions,
 about 2.4 KB) at a node's pace: ``--groups`` g at once every ``--round-s`` R seconds,
 the members' rounds spread evenly over R. Node i bootstraps to node 0 and node i-1; the
 DHT finds the rest. After the meshes settle, ``--seconds`` of publishing are measured:
@@ -52,18 +52,22 @@ from typing import Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_swarm import LOOPBACK, POLL_S, Ledger, Swarm, completions, group_bytes, load  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sapo_node.config import NetSection, PoolSection  # noqa: E402
 from sapo_node.net import NetError  # noqa: E402
 from sapo_node.net.process import Libp2pTransport  # noqa: E402
+from scripts.support.loopback import loopback_net  # noqa: E402
+from scripts.support.measure import load  # noqa: E402
+from scripts.support.messages import completions, group_bytes  # noqa: E402
+from scripts.support.procs import stderr_to  # noqa: E402
+from scripts.support.swarm_load import POLL_S, Ledger, Swarm, paced_publisher  # noqa: E402
 
 
 class ScaleSwarm(Swarm):
     """N transports in this process, node i bootstrapped to node 0 and node i-1; its own
-    start-up and settling, bench_swarm's ``poll`` and ``close``."""
+    start-up and settling, the benchmark swarm's ``poll`` and ``close``
+    (scripts/support/swarm_load.py)."""
 
     def __init__(self, root: Path, args: argparse.Namespace, shards: int) -> None:
         self.root, self.args, self.shards = root, args, shards
@@ -75,12 +79,10 @@ class ScaleSwarm(Swarm):
         extra: dict[str, Any] = {}
         if self.shards > 1:
             extra = {"shards": self.shards, "shards_joined": self.args.shards_joined}
-        return NetSection(
-            listen=[LOOPBACK],
-            mdns=False,
+        return loopback_net(
+            "scale",
+            bootstrap,
             redial_s=self.args.redial_s,
-            swarm="scale",
-            bootstrap=bootstrap,
             mesh_degree=self.args.mesh_degree,
             **extra,
         )
@@ -131,28 +133,6 @@ def cpu(pid: int) -> float:
     return times.user + times.system
 
 
-def publisher(
-    ledger: Ledger,
-    t: Libp2pTransport,
-    node: int,
-    texts: tuple[str, ...],
-    groups: int,
-    every_s: float,
-    offset_s: float,
-    stop: threading.Event,
-) -> None:
-    """``groups`` groups at once every ``every_s``, as a node does each round."""
-    seq = 0
-    if stop.wait(offset_s):
-        return
-    while True:
-        for _ in range(groups):
-            ledger.publish(t, node, seq, texts)
-            seq += 1
-        if stop.wait(every_s):
-            return
-
-
 def start_publishers(
     swarm: ScaleSwarm, args: argparse.Namespace, ledger: Ledger, stop: threading.Event
 ) -> list[threading.Thread]:
@@ -162,7 +142,7 @@ def start_publishers(
     texts = [completions(random.Random(i)) for i in range(n)]
     threads = [
         threading.Thread(
-            target=publisher,
+            target=paced_publisher,
             args=(ledger, t, i, texts[i], args.groups, args.round_s, args.round_s * i / n, stop),
             daemon=True,
         )
@@ -311,7 +291,7 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="4,8,16,24", help="swarm sizes, comma-separated")
     parser.add_argument("--seconds", type=float, default=40.0, help="measured, per size")
@@ -340,56 +320,63 @@ def main() -> None:
     parser.add_argument("--extrapolate", default="1000,10000")
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench_scale.log")
     args = parser.parse_args()
+    return args
+
+
+def run_point(n: int, arm: str, args: argparse.Namespace, last: bool) -> dict[str, Any]:
+    """One swarm of ``n`` members in ``arm``: grown, settled, measured and reported; with
+    ``--late``, after the last sharded size, a late joiner too (``point["late"]``)."""
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        shards = 1
+        if arm == "sharded":
+            shards = args.shards
+            if args.shard_members:  # the organiser's rule: S = N·k/m
+                shards = max(1, round(n * args.shards_joined / args.shard_members))
+        swarm = ScaleSwarm(Path(tmp), args, shards)
+        try:
+            t0 = time.monotonic()
+            swarm.grow(n)
+            members = n * min(args.shards_joined, shards) / shards  # per shard
+            want = max(1, min(int(members) - 1, args.mesh_degree * 2 // 3))
+            settled = swarm.settle(want, args.settle_s)
+            point = measure(swarm, args)
+            point["settle_s"] = settled
+            point["shards"] = shards
+            point["arm"] = arm
+            point["banned"] = sum(len(t.child_stats.get("banned", ())) for t in swarm.nodes)
+            point["up_s"] = time.monotonic() - t0 - args.seconds
+            report_point(point, args)
+            if args.late and last and arm == "sharded":
+                late = late_joiner(swarm, args, 60.0)
+                print(f"   late joiner: {json.dumps(late)}", flush=True)
+                return point | {"late": late}
+            return point
+        finally:
+            swarm.close()
+
+
+def main() -> None:
+    args = parse_args()
     sizes = [int(x) for x in args.nodes.split(",")]
     began = time.monotonic()
-    saved_stderr = os.dup(2)
-    log = open(args.log, "w")  # noqa: SIM115 -- closed in finally
-    os.dup2(log.fileno(), 2)
-    from sapo_node.logs import configure_logging
-
-    configure_logging(models=False)  # members only: no model here
     points: list[dict[str, Any]] = []
     late: dict[str, Any] | None = None
-    print(
-        f"sizes {sizes}; each member publishes {args.groups} groups every {args.round_s:g} s; "
-        f"shards S={args.shards}, joined k={args.shards_joined}; mesh degree "
-        f"{args.mesh_degree}; {args.seconds:g} s a size; load average {load()}",
-        flush=True,
-    )
-    try:
+    with stderr_to(args.log):
+        from sapo_node.logs import configure_logging
+
+        configure_logging(models=False)  # members only: no model here
+        print(
+            f"sizes {sizes}; each member publishes {args.groups} groups every "
+            f"{args.round_s:g} s; shards S={args.shards}, joined k={args.shards_joined}; mesh "
+            f"degree {args.mesh_degree}; {args.seconds:g} s a size; load average {load()}",
+            flush=True,
+        )
         # each size in each arm, the arms interleaved: one topic (S = 1, the baseline),
         # then shards (S from --shards, or N·k/m with --shard-members)
         for n, arm in [(n, arm) for n in sizes for arm in args.arms.split(",")]:
-            with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-                shards = 1
-                if arm == "sharded":
-                    shards = args.shards
-                    if args.shard_members:  # the organiser's rule: S = N·k/m
-                        shards = max(1, round(n * args.shards_joined / args.shard_members))
-                swarm = ScaleSwarm(Path(tmp), args, shards)
-                try:
-                    t0 = time.monotonic()
-                    swarm.grow(n)
-                    members = n * min(args.shards_joined, shards) / shards  # per shard
-                    want = max(1, min(int(members) - 1, args.mesh_degree * 2 // 3))
-                    settled = swarm.settle(want, args.settle_s)
-                    point = measure(swarm, args)
-                    point["settle_s"] = settled
-                    point["shards"] = shards
-                    point["arm"] = arm
-                    point["banned"] = sum(len(t.child_stats.get("banned", ())) for t in swarm.nodes)
-                    point["up_s"] = time.monotonic() - t0 - args.seconds
-                    points.append(point)
-                    report_point(point, args)
-                    if args.late and n == sizes[-1] and arm == "sharded":
-                        late = late_joiner(swarm, args, 60.0)
-                        print(f"   late joiner: {json.dumps(late)}", flush=True)
-                finally:
-                    swarm.close()
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved_stderr, 2)
-        log.close()
+            point = run_point(n, arm, args, last=n == sizes[-1])
+            late = point.pop("late", late)
+            points.append(point)
     model = {}
     for arm in args.arms.split(","):
         print(f"{arm}:")

@@ -39,14 +39,19 @@ from typing import Any
 
 import msgpack
 
-from sapo_node.config import load_config
-from sapo_node.curriculum import Curriculum
-from sapo_node.intake import checks as intake_module
-from sapo_node.intake import wire
-from sapo_node.intake.checks import Intake
-from sapo_node.intake.pool import Pool
-from sapo_node.logs import configure_logging
-from sapo_node.tasks import Scorer, generator_of, make_task
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sapo_node.config import load_config  # noqa: E402
+from sapo_node.curriculum import Curriculum  # noqa: E402
+from sapo_node.intake import checks as intake_module  # noqa: E402
+from sapo_node.intake import wire  # noqa: E402
+from sapo_node.intake.checks import Intake  # noqa: E402
+from sapo_node.intake.pool import Pool  # noqa: E402
+from sapo_node.logs import configure_logging  # noqa: E402
+from sapo_node.tasks import Scorer, generator_of, make_task  # noqa: E402
+from scripts.support.report import write_json  # noqa: E402
 
 VECTORS = Path(__file__).resolve().parents[1] / "protocol" / "vectors"
 MARKERS = [0x00, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, *range(0xC0, 0xE0), 0xE0, 0xFF]
@@ -205,6 +210,73 @@ class Inputs:
         return message
 
 
+class Fuzz:
+    """One run's counts: each input decoded (and encoded again, if it decodes), then taken
+    in by the intake unless ``intake`` is off; a crash or an unknown reason is a failure,
+    its input and why kept in ``failures_dir``."""
+
+    def __init__(self, failures_dir: Path, receiver: Intake, intake: bool) -> None:
+        self.failures_dir, self.receiver, self.intake = failures_dir, receiver, intake
+        self.decoded: collections.Counter[str] = collections.Counter()
+        self.verdicts: collections.Counter[str] = collections.Counter()
+        self.kinds: collections.Counter[str] = collections.Counter()
+        self.failures = 0
+        self.t_decode = self.t_intake = 0.0
+
+    def fail(self, kind: str, data: bytes, why: str) -> None:
+        self.failures += 1
+        name = hashlib.sha256(data).hexdigest()[:16]
+        (self.failures_dir / f"{kind}-{name}.msgpack").write_bytes(data)
+        (self.failures_dir / f"{kind}-{name}.txt").write_text(why, encoding="utf-8")
+
+    def feed(self, i: int, kind: str, data: bytes) -> None:
+        self.kinds[kind] += 1
+        t0 = time.perf_counter()
+        try:
+            got = wire.decode(data)
+            if isinstance(got, wire.Rejection):
+                ok = got.reason in REASONS
+                self.decoded[got.reason] += 1
+            else:
+                ok = wire.decode(wire.encode(got)) == got
+                self.decoded["decoded"] += 1
+        except Exception:
+            self.fail(kind, data, traceback.format_exc())
+            return
+        self.t_decode += time.perf_counter() - t0
+        if not ok:
+            self.fail(kind, data, f"decode gave {got!r}")
+            return
+        if not self.intake:
+            return
+        t0 = time.perf_counter()
+        try:
+            verdict = self.receiver.receive(data, f"fuzz-{i % 97}")
+        except Exception:
+            self.fail(kind, data, traceback.format_exc())
+            return
+        self.t_intake += time.perf_counter() - t0
+        self.verdicts[f"{verdict.outcome}:{verdict.reason}"] += 1
+        if verdict.reason not in REASONS:
+            self.fail(kind, data, f"intake gave {verdict!r}")
+        if (i + 1) % 100_000 == 0:
+            print(f"{i + 1:,} inputs, {self.failures} failures", file=sys.stderr, flush=True)
+
+    def report(self, seed: int, wall: float) -> dict[str, Any]:
+        n = sum(self.kinds.values())
+        return {
+            "inputs": n,
+            "seed": seed,
+            "kinds": dict(self.kinds),
+            "failures": self.failures,
+            "wall_s": round(wall, 1),
+            "decode_inputs_per_s": round(n / self.t_decode) if self.t_decode else None,
+            "intake_inputs_per_s": round(n / self.t_intake) if self.t_intake else None,
+            "decode": dict(self.decoded.most_common()),
+            "intake": dict(self.verdicts.most_common()),
+        }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", type=int, default=1_000_000)
@@ -223,73 +295,18 @@ def main(argv: list[str] | None = None) -> int:
         pool, scorer, known_configs=Curriculum(cfg.tasks.families, cfg.curriculum).known_configs()
     )
     make = Inputs(args.seed)
-    decoded: collections.Counter[str] = collections.Counter()
-    verdicts: collections.Counter[str] = collections.Counter()
-    kinds: collections.Counter[str] = collections.Counter()
-    failures = 0
-    t_decode = t_intake = 0.0
+    fuzz = Fuzz(failures_dir, receiver, intake=not args.no_intake)
     start = time.perf_counter()
-
-    def fail(kind: str, data: bytes, why: str) -> None:
-        nonlocal failures
-        failures += 1
-        name = hashlib.sha256(data).hexdigest()[:16]
-        (failures_dir / f"{kind}-{name}.msgpack").write_bytes(data)
-        (failures_dir / f"{kind}-{name}.txt").write_text(why, encoding="utf-8")
-
     try:
         for i in range(args.inputs):
-            kind, data = make(i)
-            kinds[kind] += 1
-            t0 = time.perf_counter()
-            try:
-                got = wire.decode(data)
-                if isinstance(got, wire.Rejection):
-                    ok = got.reason in REASONS
-                    decoded[got.reason] += 1
-                else:
-                    ok = wire.decode(wire.encode(got)) == got
-                    decoded["decoded"] += 1
-            except Exception:
-                fail(kind, data, traceback.format_exc())
-                continue
-            t_decode += time.perf_counter() - t0
-            if not ok:
-                fail(kind, data, f"decode gave {got!r}")
-                continue
-            if args.no_intake:
-                continue
-            t0 = time.perf_counter()
-            try:
-                verdict = receiver.receive(data, f"fuzz-{i % 97}")
-            except Exception:
-                fail(kind, data, traceback.format_exc())
-                continue
-            t_intake += time.perf_counter() - t0
-            verdicts[f"{verdict.outcome}:{verdict.reason}"] += 1
-            if verdict.reason not in REASONS:
-                fail(kind, data, f"intake gave {verdict!r}")
-            if (i + 1) % 100_000 == 0:
-                print(f"{i + 1:,} inputs, {failures} failures", file=sys.stderr, flush=True)
+            fuzz.feed(i, *make(i))
     finally:
         scorer.close()
         pool.close()
-    wall = time.perf_counter() - start
-    n = sum(kinds.values())
-    report = {
-        "inputs": n,
-        "seed": args.seed,
-        "kinds": dict(kinds),
-        "failures": failures,
-        "wall_s": round(wall, 1),
-        "decode_inputs_per_s": round(n / t_decode) if t_decode else None,
-        "intake_inputs_per_s": round(n / t_intake) if t_intake else None,
-        "decode": dict(decoded.most_common()),
-        "intake": dict(verdicts.most_common()),
-    }
-    (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    report = fuzz.report(args.seed, time.perf_counter() - start)
+    write_json(args.out / "report.json", report)
     print(json.dumps(report, indent=1))
-    return 1 if failures else 0
+    return 1 if fuzz.failures else 0
 
 
 if __name__ == "__main__":

@@ -27,14 +27,13 @@ go through, in order:
    at most ``max_rank_bits`` (6: tokens about the 63rd likeliest, geometric mean), else
    it is refused (``completions_implausible``). The tokens of the answer's tags and a
    final end-of-turn token are left out: the prompt asks for them, and a node that has
-   drifted from the format (the embedded model at lr 5e-5 can stop writing the tags
-   for a while) would otherwise refuse the very completions that could bring it back.
-   Text this node's policy could write passes; an injected phrase is a run of tokens it
-   would not. Ranks, not log-probabilities: training sharpens a policy until a peer's
-   different wording of the same answer is improbable (log-probs below -20 nats after 40
-   rounds, the level of a payload), but its tokens stay among the policy's first
-   choices; a payload's do not (measured on the embedded model, docs/security.md: an
-   honest peer's worst window at most 3.4 bits, a payload's at least 9).
+   drifted from the format (a small model at a high learning rate can stop writing the
+   tags for a while) would otherwise refuse the very completions that could bring it
+   back. Text this node's policy could write passes; an injected phrase is a run of
+   tokens it would not. Ranks, not log-probabilities: training sharpens a policy until
+   a peer's different wording of the same answer is as improbable as a payload, but its
+   tokens stay among the policy's first choices; a payload's do not, and the default
+   bound sits between the two (docs/security.md has the measured windows of both).
 
 4. only the answer teaches (``answer_only``): of every peer's completion that is left,
    positive advantage or not, the loss counts only the tokens of its last answer with

@@ -1,4 +1,4 @@
-"""AutoNAT v1: whether peers elsewhere can really dial this node (issue 30).
+"""AutoNAT v1: whether peers elsewhere can really dial this node.
 
 A node with an address outside the LAN ranges (a VPS) or a port mapped by its home
 router (UPnP) reads public at start (addresses.py). A firewall, a cloud security group

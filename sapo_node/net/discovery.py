@@ -206,7 +206,9 @@ class DiscoveryBehaviour:
     async def _discover(self) -> None:
         """Re-dial bootstrap peers, announce the swarm in the DHT (a public node) and dial
         its other members, and dial peers mDNS put in the peerstore. A pass spends at most
-        DIAL_PASS_S dialling, DIAL_CONCURRENCY peers at once
+        DIAL_PASS_S dialling, DIAL_CONCURRENCY peers at once. Bootstrap peers are dialled
+        every pass because the library drops one after 3 failed dials and never tries it
+        again: a swarm that met through one hub would split for good when the hub went
         (docs/libp2p.md#bootstrap-re-dial)."""
         # The swarm's key (every node's, also before shards), and in a sharded swarm each
         # joined shard's: a node finds its shards' members among their providers.

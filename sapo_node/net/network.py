@@ -84,7 +84,7 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
         announce = [multiaddr.Multiaddr(a) for a in settings["announce"]]
         self.host = new_host(
             key_pair=self.key,
-            # Noise only (docs/libp2p.md#noise-only)
+            # Noise only: the library's default list also offers secio and plaintext
             sec_opt={
                 NOISE_PROTOCOL_ID: NoiseTransport(
                     self.key, noise_privkey=create_new_x25519_key_pair().private_key
@@ -132,7 +132,8 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
         self.refused_said = (0, -REFUSED_NOTICE_S)  # inbound_refused when last logged, when
 
     async def run(self, commands: ipc.FrameReader) -> None:
-        # docs/libp2p.md#start-order: pubsub and gossipsub run before the host listens or dials
+        # Pubsub and gossipsub run before the host listens or dials: with peers dialled
+        # first, the node never became ready (docs/libp2p.md#start-order)
         async with (
             background_trio_service(self.pubsub),
             background_trio_service(self.gossipsub),

@@ -42,10 +42,12 @@ from sapo_node.net import NetError
 from sapo_node.net.state import COUNTERS, STATE
 
 LIBP2P_VERSION = "0.8.1"
-OUTBOUND_QUEUE = 512  # RPCs per peer (docs/libp2p.md#outbound-queues; the library's: 32)
+# RPCs a peer's outbound queue holds: the library's 32 dropped a burst beyond them,
+# silently (docs/libp2p.md#outbound-queues).
+OUTBOUND_QUEUE = 512
 # The swarm's DHT protocol id (protocol/SPEC.md section 2, *Discovery*), for the library's
-# IPFS one: on that, the swarm's DHT joined the public IPFS DHT (docs/libp2p.md#the-dhts-
-# protocol-id).
+# IPFS one: on that, the swarm's DHT joined the public IPFS DHT.
+# docs/libp2p.md#the-dhts-protocol-id
 DHT_PROTOCOL = "/sapo/kad/1.0.0"
 LIBRARY_DHT_PROTOCOL = "/ipfs/kad/1.0.0"
 DOCS = "docs/libp2p.md#patches"
@@ -247,7 +249,7 @@ def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool
 
     table.add_peer = add_peer
     store.add_provider = add_provider
-    store.host = Shown(store.host)
+    store.host = StrangerFacingHost(store.host)
 
 
 async def find_providers(dht: Any, key: str, count: int) -> list[Any]:
@@ -469,9 +471,11 @@ def _acquired(slots: trio.CapacityLimiter) -> bool:
     return True
 
 
-class Shown:
-    """A host whose ``get_addrs`` are what a stranger may see: the DHT's provider store
-    puts them in the records it sends (py-libp2p takes ``host.get_addrs()`` whole)."""
+class StrangerFacingHost:
+    """The host as a stranger may see it: its ``get_addrs`` are only the addresses a
+    stranger may see (``STATE.shown``), everything else is the host's own. The DHT's
+    provider store and the signed peer record put ``host.get_addrs()`` whole into what
+    they send, so they are given this instead."""
 
     def __init__(self, host: Any) -> None:
         self._host = host
@@ -516,7 +520,7 @@ def _replacements() -> dict[str, Any]:
     def shown_record(host: Any) -> tuple[bytes, bool]:
         """The signed peer record py-libp2p attaches to pubsub, DHT and identify messages,
         over what a stranger may see instead of ``host.get_addrs()`` whole."""
-        return record(Shown(host))
+        return record(StrangerFacingHost(host))
 
     return {
         "read_varint_prefixed_bytes_limited": counting_read,

@@ -47,12 +47,16 @@ BACKPRESSURE_FILL = 0.5  # publish waits while a peer's queue is fuller than thi
 BACKPRESSURE_WAIT_S = 10.0
 
 
-INBOUND_RPC_LIMIT = (
-    8 * 2**20
-)  # docs/libp2p.md#message-size: above js-libp2p's 4 MiB; the real cap is wire's
+# A receiver resets the stream of a peer that sends an RPC above this, dropping it from
+# pubsub. js-libp2p sends up to 4 MiB, so the limit is above that, and the real cap
+# (wire's, under 1 MiB) is enforced in the validator, where an oversized message is
+# refused instead of cutting the link (docs/libp2p.md#message-size).
+INBOUND_RPC_LIMIT = 8 * 2**20
 
 
-EQUIVOCATION_MEMORY = 8192  # digests of (author, seqno) kept (docs/libp2p.md#equivocation-memory)
+# Digests of (author, seqno) kept for the equivocation check, where the library kept every
+# whole message it saw, forever.
+EQUIVOCATION_MEMORY = 8192
 
 
 EXCUSED_MEMORY = 8192  # signed messages refused through no sender's fault (id, digest)
@@ -91,7 +95,7 @@ class SwarmScorer(PeerScorer):
 
     py-libp2p charges the forwarder of a refused message once for each entry of the
     message's topic list, which the author chooses and signs: with ``[A, A]`` each
-    refusal cost an honest relay twice, and the excuse covered one entry (issue 46).
+    refusal cost an honest relay twice, and the excuse covered one entry.
     A charge lands on a topic this node joined (its home topic if the message's is not
     one), so that it counts in the score the ban reads."""
 
@@ -190,7 +194,9 @@ class SwarmPubsub(Pubsub):
         # honest relay as for an invalid message. The id finds the entry cheaply; the
         # digest, which no one but the author can match, decides.
         self.excused: OrderedDict[bytes, bytes] = OrderedDict()
-        # seqnos from nanoseconds, not seconds (docs/libp2p.md#sequence-numbers)
+        # seqnos from nanoseconds: the library's, from seconds, made a node restarted
+        # within seconds reuse seqnos peers had seen, and its messages were dropped as
+        # duplicates (docs/libp2p.md#sequence-numbers)
         self.counter = time.time_ns()
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
         self.writing = 0  # writes to peers' streams in hand (``drained``)
@@ -210,7 +216,7 @@ class SwarmPubsub(Pubsub):
     # queueing an IDONTWANT for every message to it, and nothing drained the queue. When
     # the peer then disconnects, ``_handle_dead_peer`` returns early for a peer without a
     # stream, so that state stayed for good; at half the queue full, backpressure held
-    # every own publish 10 s, and own publishing stopped (issue 11). So a ban and a
+    # every own publish 10 s, and own publishing stopped. So a ban and a
     # disconnect both end in ``forget_peer``.
 
     def forget_peer(self, peer: ID) -> Any:
@@ -362,7 +368,8 @@ class SwarmPubsub(Pubsub):
         return True
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
-        """One writer at a time per stream: the queue and the replay interleaved frames
+        """One writer at a time per stream: the queue and the replay interleaved large
+        frames on one yamux stream, which crashed the receiving side
         (docs/libp2p.md#serialised-writes)."""
         lock = self._write_locks.setdefault(stream, trio.Lock())
         self.writing += 1
@@ -376,7 +383,8 @@ class SwarmPubsub(Pubsub):
         return ok
 
     async def stream_handler(self, stream: Any) -> None:
-        """A malformed frame resets that peer's stream, never the whole host
+        """A malformed frame resets that peer's stream, never the whole host: in the
+        library a decode error leaves the stream handler and ends the host's event loop
         (docs/libp2p.md#malformed-frames).
 
         A banned peer's new stream is reset unread: the library would take its
@@ -501,15 +509,24 @@ class PubsubBehaviour:
             degree=degree,
             degree_low=max(1, degree * 2 // 3),
             degree_high=degree * 2,
-            heartbeat_interval=1,  # docs/libp2p.md#heartbeat: 1 s heartbeat, no adaptive stretching
+            # The library's heartbeat is 120 s, and adaptive gossip stretches it further in
+            # a swarm smaller than the mesh degree: meshes would take minutes to form and
+            # repair (docs/libp2p.md#heartbeat).
+            heartbeat_interval=1,
             heartbeat_initial_delay=0.1,
             adaptive_gossip_enabled=False,
-            spam_protection_enabled=False,  # docs/libp2p.md#spam-protection
+            # The library's spam protection stops forwarding, silently, past 10 messages a
+            # second per topic per forwarder, own publishes included; each author is
+            # rate-limited in the validator instead (docs/libp2p.md#spam-protection).
+            spam_protection_enabled=False,
             score_params=score_params(),
             eclipse_protection_enabled=False,
         )
         self.scorer = SwarmScorer(self.gossipsub.scorer.params, self.topics)
         self.gossipsub.scorer = self.scorer
+        # The default message id (author + seqno) is kept: the library's message cache
+        # ignores a custom id function, and SPEC section 2 requires the default of every
+        # implementation so that gossip recovery works between them.
         self.pubsub = SwarmPubsub(
             self.host,
             self.gossipsub,
@@ -517,7 +534,7 @@ class PubsubBehaviour:
             max_inbound_rpc_size=INBOUND_RPC_LIMIT,
             seen_ttl=SEEN_TTL_S,
             validation_cache_size=4096,
-        )  # docs/libp2p.md#message-ids: the default message id (author + seqno) is kept
+        )
         patches.check_state(self.pubsub, patches.PUBSUB_STATE, "Pubsub")
         patches.check_state(self.gossipsub, patches.ROUTER_STATE, "GossipSub")
         patches.check_state(self.scorer, patches.SCORER_STATE, "PeerScorer")

@@ -129,8 +129,8 @@ def _interface_ips() -> list[str]:
 
 
 def interface_addresses(addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
-    """A wildcard listen address is announced as each interface's address
-    (docs/libp2p.md#announced-addresses)."""
+    """A wildcard listen address is announced as each interface's address: the library
+    announced 0.0.0.0, which no peer can dial (docs/libp2p.md#announced-addresses)."""
     if not any(str(a).startswith("/ip4/0.0.0.0/") for a in addrs):
         return addrs
     ips = _interface_ips()

@@ -7,8 +7,8 @@ runs a relay or a node:
 - a node: its data directory locked and its ports checked (before anything heavy is
   imported, so a second node on the directory or a busy port is refused at once), the
   status endpoint bound, the libp2p transport started in a thread while the ``Node`` is
-  built (``Joining``: the node is in the swarm, and keeps what peers send, while its
-  model loads), then rounds until the stop event or the configured total; endpoint,
+  built (``TransportInBackground``: the node is in the swarm, and keeps what peers send,
+  while its model loads), then rounds until the stop event or the configured total; endpoint,
   node and transport are closed in ``finally``;
 - a relay (``--no-train`` alone): the data directory locked, the transport started, and
   a line of its traffic logged every 10 s until stopped.
@@ -83,8 +83,8 @@ def fix_mmap_threshold() -> bool:
     after which tensors of up to 32 MiB come from the heap. A round allocates and frees
     tensors of changing sizes among long-lived ones (gradients, the optimiser's state,
     oneDNN's kernels); in the heap their freed space is kept but rarely fits the next
-    round's tensors, and the resident size rose round after round (with a 1 MiB threshold,
-    100 MiB of free heap after a few training steps, still growing; docs/benchmarks.md).
+    round's tensors, and the resident size rose round after round (even with a 1 MiB
+    threshold the free heap kept growing over training steps; docs/benchmarks.md).
     Fixing the threshold at its initial value stops the adjustment. glibc's own
     ``MALLOC_MMAP_THRESHOLD_`` variable, if set, wins. Elsewhere (musl, macOS) nothing is
     done. It is a setting of the process, not of a node, so the programs that run nodes
@@ -129,11 +129,12 @@ def cap_kernel_caches() -> dict[str, str]:
     (``KERNEL_CACHE_CAPS``), each only where the environment does not set it; logged.
     Returns the values that hold.
 
-    Both libraries read their variable once, at their first product in the process
-    (measured with torch 2.13: set after ``import torch`` but before any product, the cap
-    holds; set after one, it does not), so the programs that run nodes call this first,
-    before a model computes (``run_node``; the experiment runner and the scripts, once
-    for all their nodes). Importing ``sapo_node`` changes nothing.
+    Both libraries read their variable once, at their first product in the process (set
+    after ``import torch`` but before any product, the cap holds; set after one, it does
+    not: docs/benchmarks.md has the measurement and its torch version), so the programs
+    that run nodes call this first, before a model computes (``run_node``; the
+    experiment runner and the scripts, once for all their nodes). Importing
+    ``sapo_node`` changes nothing.
     """
     ours = {k: v for k, v in KERNEL_CACHE_CAPS.items() if k not in os.environ}
     os.environ.update(ours)
@@ -164,17 +165,17 @@ def run_node(cfg: Config, stop: threading.Event) -> None:
     fix_mmap_threshold()
     # The network process starts while the model loads: the node joins the swarm and
     # takes in peers' groups meanwhile (its inbox keeps them for the first round).
-    joining = Joining(cfg, data_dir) if cfg.net.enabled else None
+    opening = TransportInBackground(cfg, data_dir) if cfg.net.enabled else None
     node = None
     try:
         node = _build(cfg, stop, lock)
-        if joining is not None:
-            node.transport = joining.transport()
+        if opening is not None:
+            node.transport = opening.transport()
     except BaseException:
         if endpoint is not None:  # bound before the build; nobody else would close it
             endpoint.close()
-        if joining is not None:
-            joining.close()
+        if opening is not None:
+            opening.close()
         if node is not None:
             node.close()
         raise
@@ -226,7 +227,7 @@ def _build(cfg: Config, stop: threading.Event, lock: Any) -> Any:
         raise NodeFailed(str(exc)) from None
 
 
-class Joining:
+class TransportInBackground:
     """``open_transport`` in a thread, begun now: ``transport()`` waits for it and
     returns it, or raises what it raised; ``close()`` closes it once it is up, whatever
     became of it (a node whose model failed to load leaves no network process behind)."""

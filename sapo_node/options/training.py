@@ -379,9 +379,9 @@ class TrainSection(_Section):
         description="For llama, mistral, qwen2 and qwen3 models: the output layer applied to "
         "64 positions at a time (recomputed in backward), on a copy of its weight in the "
         "compute dtype made once per micro-batch, so a micro-batch's whole logits never "
-        "exist. false: the model's own forward and its logits. A memory path: a LoRA step's "
-        "peak a fifth lower, its time a quarter longer; full fine-tuning unchanged "
-        "(docs/benchmarks.md, CPU paths).",
+        "exist. false: the model's own forward and its logits. A memory path: a LoRA step "
+        "peaks lower and takes longer; full fine-tuning unchanged (docs/benchmarks.md, CPU "
+        "paths).",
     )
     shared_prefix: bool = Field(
         True,

@@ -27,7 +27,9 @@ from collections.abc import Iterable
 
 import torch
 
-CHUNK = 1 << 18  # elements per slice: 1 MiB per float32 buffer (docs/benchmarks.md)
+# Elements per slice: 1 MiB per float32 buffer, small enough that a slice's three buffers
+# stay in the CPU's cache while the update runs over them.
+CHUNK = 1 << 18
 
 
 def stochastic_round_bf16(x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:

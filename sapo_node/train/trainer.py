@@ -10,13 +10,13 @@ if it followed its prompt alone. The logit at the prompt's last position predict
 completion's first token. One forward and one backward run over prompts and completions
 together: the loss and every gradient equal those of the unshared computation (each
 completion with its own copy of the prompt) up to float rounding, with micro-batching,
-LoRA and gradient checkpointing (``tests/unit/test_prompt_sharing.py``). With L = 8
-completions of ~30 tokens after a ~104-token prompt, this removes ~70% of training
-tokens, and the completions of a row are not padded to the longest. A group split over
-two micro-batches runs its prompt in each of them.
+LoRA and gradient checkpointing (``tests/unit/test_prompt_sharing.py``). Prompts are
+longer than completions, so most of the training tokens were the L copies of each prompt:
+this removes them, and the completions of a row are not padded to the longest. A group
+split over two micro-batches runs its prompt in each of them.
 
 The first tokens that every prompt of a step has in common (chat template, system prompt,
-worked example: 90 of the embedded model's ~105 with the default tasks) are computed once
+worked example: most of each prompt with the default tasks) are computed once
 per step (``train.shared_prefix``): one short forward pass gives their keys and values in
 every layer, each row starts after them, its positions counting on from theirs, and every
 layer reads them before the row's own keys and values (``prefix.Prefix``, the block mask's
@@ -228,14 +228,15 @@ class _Plan:
 FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")  # where torch has fused Adam(W) kernels
 # Positions of a row passed to one call of a per-token function: a row holds a whole
 # group's completions, and the entropy's [positions, vocabulary] temporaries (four of
-# them) would otherwise reach 0.4 GB at 8 x 64 tokens.
+# them) over a whole row would grow with the group's size times a vocabulary of tens of
+# thousands of tokens.
 POSITIONS_PER_CALL = 64
 # Model types whose causal-LM forward is ``lm_head(decoder(...).last_hidden_state)`` with
 # nothing after the head (no soft-capping, no scaling). For them the trainer runs the
 # decoder and applies the head a chunk of positions at a time: the [rows, positions,
-# vocabulary] logits of a micro-batch (0.2 GB in float32 at 4 x 250 positions of a
-# 49,152-token vocabulary) and their gradient never exist at once. Others: the model's
-# own forward and its logits.
+# vocabulary] logits of a micro-batch (in float32, the largest tensor of a step with a
+# small model's large vocabulary) and their gradient never exist at once. Others: the
+# model's own forward and its logits.
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 

@@ -14,11 +14,11 @@ import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from sapo_node.config import NetSection, PoolSection, TrainSection
+from sapo_node.config import PoolSection, TrainSection
 from sapo_node.intake import wire
 from sapo_node.net import identity
 from sapo_node.net.process import Libp2pTransport
-from tests.integration.test_swarm_transport import (
+from tests.support.transports import (
     MESH_S,
     MINIMAL,
     MSG_S,
@@ -45,15 +45,8 @@ class ShardSwarm(Swarm):
         ``before``, on its shards of that count too: net.shards_before)."""
         data_dir = self.root / name
         key_on(data_dir, shards, joined, want)
-        net = NetSection(
-            listen=["/ip4/127.0.0.1/tcp/0"],
-            bootstrap=[p.addrs[0] for p in to],
-            mdns=False,
-            redial_s=1.0,
-            swarm=self.name,
-            shards=shards,
-            shards_joined=joined,
-            shards_before=before,
+        net = self.net(
+            [p.addrs[0] for p in to], shards=shards, shards_joined=joined, shards_before=before
         )
         t = Libp2pTransport(net, PoolSection(), data_dir)
         assert set(t.shards) == want
