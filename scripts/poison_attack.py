@@ -71,6 +71,7 @@ from sapo_node.intake import wire  # noqa: E402
 from sapo_node.intake.defence import CHECKED  # noqa: E402
 from sapo_node.net.memory import MemoryHub  # noqa: E402
 from sapo_node.ops.lifecycle import cap_kernel_caches, fix_mmap_threshold  # noqa: E402
+from scripts.support.format_lever import format_summary  # noqa: E402
 from tests.support.poison import (  # noqa: E402
     ATTACKS,
     DEFAULT_PAYLOAD,
@@ -318,11 +319,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for node in nodes:
                 node.transport.flush(r)
             own: dict[int, list[str]] = {i: [] for i in range(len(nodes))}
+            ended: dict[int, list[bool]] = {i: [] for i in range(len(nodes))}  # not truncated
             lines: list[dict[str, Any]] = []
             for message in observer.received():
                 if message.author in names:
                     group = wire.decode(message.data)
                     own[names[message.author]] += list(group.completions)
+                    ended[names[message.author]] += [
+                        k not in group.unfinished for k in range(len(group.completions))
+                    ]
             for i, (node, rec) in enumerate(zip(nodes, records, strict=True)):
                 line = {
                     "node": i,
@@ -330,6 +335,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "payload_rate": payload_share(own[i], args.payload),
                     "payload_logprob": probe.logprob(node),
                     "completions": len(own[i]),
+                    "finished_rate": sum(ended[i]) / len(ended[i]) if ended[i] else None,
                     "examples": own[i][:: max(1, len(own[i]) // 4)][:4],
                     **{k: rec[k] for k in ROUND_KEYS},
                 }
@@ -441,45 +447,6 @@ def summarise(out: Path) -> dict[str, Any]:
         else None,
         "pool_counts": {k: dict(sorted(v.items())) for k, v in counts.items()},
         "format": format_summary(rounds, run.get("j_bound")),
-    }
-
-
-def format_summary(rounds: list[dict[str, Any]], j_bound: int | None) -> dict[str, Any] | None:
-    """What the shape-format class aims at, per node: the J each round chose (mean, and
-    the share of rounds at ``j_bound``, the most it may be), the node's own answer-format
-    rate and its reward, over all rounds and the last tenth (None: a run made before the
-    rounds recorded J).
-
-    >>> rows = [{"node": 0, "round": r, "train/external_target": j, "rollout/answer_tag_rate": f,
-    ...          "reward/mean": f / 2} for r, (j, f) in enumerate([(2, 0.5), (3, 0.0)])]
-    >>> format_summary(rows, 3)["nodes"][0]["j_mean"], format_summary(rows, 3)["j_at_max"]
-    (2.5, 0.5)
-    """
-    if not rounds or "train/external_target" not in rounds[0]:
-        return None
-
-    def mean(xs: list[float]) -> float:
-        return sum(xs) / len(xs)
-
-    def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
-        last = max(x["round"] for x in rows)
-        tail = [x for x in rows if x["round"] > last - max(1, (last + 1) // 10)]
-        js = [x["train/external_target"] for x in rows]
-        return {
-            "j_mean": mean(js),
-            "j_at_max": mean([j == j_bound for j in js]) if j_bound is not None else None,
-            "j_last_tenth": mean([x["train/external_target"] for x in tail]),
-            "format_rate": mean([x["rollout/answer_tag_rate"] for x in rows]),
-            "format_rate_last_tenth": mean([x["rollout/answer_tag_rate"] for x in tail]),
-            "reward": mean([x["reward/mean"] for x in rows]),
-            "reward_last_tenth": mean([x["reward/mean"] for x in tail]),
-        }
-
-    nodes = sorted({x["node"] for x in rounds})
-    return {
-        "j_bound": j_bound,
-        **figures(rounds),
-        "nodes": {n: figures([x for x in rounds if x["node"] == n]) for n in nodes},
     }
 
 
