@@ -100,9 +100,9 @@ class TaskResult:
 
     family: str
     level: int
-    pass1: float  # share of sampled completions that are correct
+    pass1: float | None  # share of sampled completions that are correct (None: none sampled)
     greedy: bool  # whether the greedy completion is correct
-    tagged: float  # share of sampled completions with an <answer> tag
+    tagged: float  # share of sampled completions with an <answer> tag (else: the greedy one)
     texts: tuple[str, ...] = ()  # the sampled completions, then the greedy one
 
 
@@ -114,6 +114,7 @@ class EvalReport:
     samples: int
     new_tokens: int
     seconds: float
+    thread_seconds: float = 0.0  # CPU seconds of the evaluating thread (its compute)
 
     def metrics(self) -> dict[str, Any]:
         """The eval/* keys of a metrics record."""
@@ -121,9 +122,61 @@ class EvalReport:
             "eval/samples": self.samples,
             "eval/new_tokens": self.new_tokens,
             "eval/seconds": self.seconds,
-            "eval/per_task_pass1": [round(t.pass1, 6) for t in self.tasks],
+            "eval/thread_s": self.thread_seconds,
+            "eval/per_task_pass1": [
+                None if t.pass1 is None else round(t.pass1, 6) for t in self.tasks
+            ],
             "eval/per_task_greedy": [int(t.greedy) for t in self.tasks],
+            "eval/per_task_family": [t.family for t in self.tasks],
+            "eval/per_task_level": [t.level for t in self.tasks],
         }
+
+
+def breakdown(record: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """Greedy and pass@1 of an evaluation's record (``EvalReport.metrics``) by level, by
+    family and by the two together, from its per-task lists; None for a record made
+    before they carried each task's family and level.
+
+    >>> r = {"eval/per_task_greedy": [1, 0, 1], "eval/per_task_pass1": [0.5, 0.0, 1.0],
+    ...      "eval/per_task_family": ["a", "a", "b"], "eval/per_task_level": [0, 1, 1]}
+    >>> b = breakdown(r)
+    >>> b["level"]["1"], b["family"]["a"]["greedy"], sorted(b["family_level"])
+    ({'tasks': 2, 'greedy': 0.5, 'pass1': 0.5}, 0.5, ['a/0', 'a/1', 'b/1'])
+    """
+    families, levels = record.get("eval/per_task_family"), record.get("eval/per_task_level")
+    if families is None or levels is None:
+        return None
+    cells: dict[str, dict[str, list[tuple[float, float]]]] = {
+        "level": {},
+        "family": {},
+        "family_level": {},
+    }
+    for fam, level, greedy, pass1 in zip(
+        families,
+        levels,
+        record["eval/per_task_greedy"],
+        record["eval/per_task_pass1"],
+        strict=True,
+    ):
+        keys = {"level": str(level), "family": fam, "family_level": f"{fam}/{level}"}
+        for kind, key in keys.items():
+            cells[kind].setdefault(key, []).append((float(greedy), pass1))
+    return {
+        kind: {
+            key: {
+                "tasks": len(xs),
+                "greedy": _mean([g for g, _ in xs]),
+                "pass1": _mean_or_none([p for _, p in xs]),
+            }
+            for key, xs in sorted(by.items(), key=lambda kv: _sort_key(kv[0]))
+        }
+        for kind, by in cells.items()
+    }
+
+
+def _sort_key(key: str) -> tuple:
+    """Levels in numeric order, families by name."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("/"))
 
 
 def summarise(results: Sequence[TaskResult]) -> dict[str, Any]:
@@ -139,7 +192,7 @@ def summarise(results: Sequence[TaskResult]) -> dict[str, Any]:
     for r in results:
         groups.setdefault(f"/{r.family}", []).append(r)
     for suffix, rs in sorted(groups.items()):
-        out[f"eval/pass1{suffix}"] = _mean([r.pass1 for r in rs])
+        out[f"eval/pass1{suffix}"] = _mean_or_none([r.pass1 for r in rs])
         out[f"eval/greedy{suffix}"] = _mean([float(r.greedy) for r in rs])
     out["eval/answer_tag_rate"] = _mean([r.tagged for r in results])
     return out
@@ -151,11 +204,13 @@ def evaluate(
     config: Config,
     *,
     should_stop: Callable[[], bool] | None = None,
+    samples: int | None = None,
 ) -> EvalReport:
-    """Run the held-out set on ``policy``: ``samples`` sampled and one greedy completion
-    per task, scored by ``scorer``. The sampling RNG is fixed by ``eval.seed`` (every
-    node and every round draws the same noise) and the caller's RNG state is restored."""
-    start = time.perf_counter()
+    """Run the held-out set on ``policy``: ``samples`` (default ``eval.samples``; 0: greedy
+    only, pass@1 None) sampled and one greedy completion per task, scored by ``scorer``.
+    The sampling RNG is fixed by ``eval.seed`` (every node and every round draws the same
+    noise) and the caller's RNG state is restored."""
+    start, start_thread = time.perf_counter(), time.thread_time()
     e, t, g = config.eval, config.tasks, config.generation
     refs = heldout_refs(t.families, config.curriculum, e)
     tasks: list[Task] = [make_task(ref) for ref, _ in refs]
@@ -163,38 +218,48 @@ def evaluate(
         policy.encode_chat(build_messages(task.question, t.system_prompt, t.one_shot))
         for task in tasks
     ]
+    n = e.samples if samples is None else samples
     devices = [policy.device] if policy.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(e.seed)
-        sampled = policy.generate(prompts, g, n=e.samples, should_stop=should_stop)
+        texts_of: list = [[] for _ in prompts]
+        sampled_tokens = 0
+        if n:
+            sampled = policy.generate(prompts, g, n=n, should_stop=should_stop)
+            texts_of, sampled_tokens = sampled.texts, sampled.new_tokens
         greedy = policy.generate(prompts, g, n=1, should_stop=should_stop, greedy=True)
     threshold = t.correct_threshold
     results = []
-    for (ref, level), task, texts, best in zip(
-        refs, tasks, sampled.texts, greedy.texts, strict=True
-    ):
+    for (ref, level), task, texts, best in zip(refs, tasks, texts_of, greedy.texts, strict=True):
         scores = [s.raw_score for s in scorer.score(task, [*texts, *best])]
         correct = [s >= threshold for s in scores]
         results.append(
             TaskResult(
                 family=ref.family,
                 level=level,
-                pass1=_mean([float(c) for c in correct[: len(texts)]]),
+                pass1=_mean([float(c) for c in correct[: len(texts)]]) if texts else None,
                 greedy=correct[-1],
-                tagged=_mean([float(extract_answer(x) is not None) for x in texts]),
+                tagged=_mean([float(extract_answer(x) is not None) for x in texts or best]),
                 texts=(*texts, *best),
             )
         )
     return EvalReport(
         results,
-        e.samples,
-        sampled.new_tokens + greedy.new_tokens,
+        n,
+        sampled_tokens + greedy.new_tokens,
         time.perf_counter() - start,
+        time.thread_time() - start_thread,
     )
 
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values)) / len(values) if values else 0.0
+
+
+def _mean_or_none(values: Sequence[float | None]) -> float | None:
+    """The mean of the values measured; None if none was (a greedy-only evaluation)."""
+    known = [float(v) for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def evaluate_checkpoint(config: Config, checkpoint: Path | None = None) -> tuple[EvalReport, str]:

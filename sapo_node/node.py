@@ -1,8 +1,9 @@
 """The round loop of one SAPO node: Algorithm 1 of the paper.
 
 Every round r the node
-  1. takes up to J groups from the pool of what peers shared (decoded strictly,
-     regenerated and scored by this node's own verifier when they arrived: intake/checks.py),
+  1. takes up to J groups from the pool of what peers shared (decoded strictly and
+     regenerated when they arrived, scored by this node's own verifier then or, if J
+     was at 0, before the first draw that may take them: intake/checks.py),
   2. samples I + (J - taken) tasks of its own from its curriculum,
   3. generates L completions per task in batched calls,
   4. scores them with its own verifier in a sandboxed worker,
@@ -62,12 +63,13 @@ from sapo_node.intake.demand import Mix, choose_external
 from sapo_node.intake.pool import Pool, PooledGroup
 from sapo_node.metrics import MetricsLog
 from sapo_node.net import NetStats, Transport
-from sapo_node.record import age_record, answer_format_rate, log_round, round_record
+from sapo_node.record import age_record, finished_format_rate, log_round, round_record
 from sapo_node.tasks import (
     Scorer,
     ScorerUnavailable,
     Task,
     build_messages,
+    canonical_json,
     generator_of,
     make_task,
 )
@@ -198,11 +200,11 @@ class Node:
         """Algorithm 1, one round; returns the round's metrics."""
         s, timer = self.config.train, Timer(self.progress)
         with timer("round"):
-            with timer("intake"):
-                inbound = self._take_in()
-            rate, what = self.mix.own_rate(s.external_by)
-            j, why = choose_external(s.external_groups, s.j_bound(), rate, len(self.pool), what)
-            external = self._take_external(r, j) if self.trains else []
+            with timer("intake"):  # peers' groups scored now only if J may take some
+                inbound = self._take_in(score=self._choose_j(pooled=1)[0] > 0)
+                pooled = len(self.pool)
+                j, why = self._choose_j(pooled)
+                external = self._take_external(r, j) if self.trains else []
             n_local = s.local_groups + s.external_groups - len(external)
             tasks = [make_task(ref) for ref in self.curriculum.sample(self.seed, r, n_local)]
             if s.external_use == "tasks":  # peers choose the tasks, this node writes the text
@@ -244,8 +246,10 @@ class Node:
             self._changed_round = self.round
             self.mix.observe(
                 ((g.task.ref.family, g.rewards) for g in local),
-                format_rate=answer_format_rate(local),
+                format_rate=finished_format_rate(local),
+                levels=self.curriculum.level,  # the levels this round's tasks were set at
             )
+            self.mix.chose(j, pooled)
             moves: Counter[str] = Counter()
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
@@ -255,6 +259,7 @@ class Node:
                 "train/external_target": j,
                 "train/own_signal_rate": self.mix.signal_rate,
                 "train/own_format_rate": self.mix.format_rate,
+                "train/own_skill": self._own_rate("skill")[0],
             }
         )
         if s.j_bound() is not None:
@@ -334,23 +339,49 @@ class Node:
         if rest > 0 and not (self.config.node.rounds and self.round >= self.config.node.rounds):
             self.stop.wait(rest)
 
+    def _choose_j(self, pooled: int) -> tuple[int, str]:
+        """J for this round with ``pooled`` groups waiting, and why (intake/demand.py)."""
+        s = self.config.train
+        rate, what = self._own_rate(s.external_by)
+        return choose_external(
+            s.external_groups, s.j_bound(), rate, pooled, what, previous=self.mix.last_j
+        )
+
+    def _own_rate(self, by: str) -> tuple[float | None, str]:
+        weights = {name: f.weight for name, f in self.curriculum.families.items()}
+        return self.mix.own_rate(by, self.curriculum.level, weights)
+
     def _take_external(self, r: int, count: int) -> list[PooledGroup]:
-        """Up to ``count`` (J) groups from the pool; none if the pool cannot be read (the
-        round goes on)."""
+        """Up to ``count`` (J) groups from the pool, those pooled unscored scored first;
+        none if the pool cannot be read (the round goes on). Under ``external_by =
+        "skill"`` the groups at each family's current level come first: where this node
+        is still learning."""
         rng = random.Random(f"{self.seed}:pool:{r}")
         need = self.mix.need()
+        d = self.defence
+        exclude = d.distrusted_authors() if d is not None else set()
+        prefer: set[tuple[str, str]] = set()
+        if self.config.train.external_by == "skill":
+            prefer = {
+                (name, canonical_json(self.curriculum.config_for(name)))
+                for name in self.curriculum.families
+            }
         try:
-            if self.defence is None:
-                return self.pool.sample(count, rng, need=need)
+            if count > 0:
+                self.intake.score_pooled(exclude, should_stop=self.stop.is_set)
+                if self.stop.is_set():
+                    raise Stopped
+            if d is None:
+                return self.pool.sample(count, rng, need=need, prefer=prefer)
             cap = max(1, int(count * self.config.defence.max_author_share))
-            d = self.defence
             return self.pool.sample(
                 count,
                 rng,
                 per_author=cap,
-                exclude=d.distrusted_authors(),
+                exclude=exclude,
                 together=d.suspects(),
                 need=need,
+                prefer=prefer,
             )
         except sqlite3.Error as exc:
             log.error("cannot read the pool: this round uses own groups only", error=str(exc))
@@ -393,9 +424,10 @@ class Node:
             if self.stop.is_set():
                 raise Stopped
 
-    def _take_in(self) -> Counter[str]:
-        """Every message peers sent since the last round, through the intake into the pool;
-        the author of a message refused as its own fault loses score in the swarm."""
+    def _take_in(self, score: bool = True) -> Counter[str]:
+        """Every message peers sent since the last round, through the intake into the pool
+        (scored, or with ``score`` False left for the draw to score); the author of a
+        message refused as its own fault loses score in the swarm."""
         outcomes: Counter[str] = Counter()
         if self.transport is None:
             return outcomes
@@ -407,7 +439,7 @@ class Node:
             outcomes["unread"] = len(self.transport.received())
             return outcomes
         for message in self.transport.received():
-            verdict = self.receive(message.data, message.author, message.received_at)
+            verdict = self.receive(message.data, message.author, message.received_at, score)
             outcomes[verdict.outcome] += 1
             if verdict.outcome == "rejected":
                 self.transport.penalise(message.author)
@@ -544,10 +576,13 @@ class Node:
         """The held-out evaluation of the current policy (evaluate.py); trains nothing."""
         return evaluate(self.policy, self.scorer, self.config, should_stop=self.stop.is_set)
 
-    def receive(self, data: bytes, author: str, arrived: float | None = None) -> Verdict:
+    def receive(
+        self, data: bytes, author: str, arrived: float | None = None, score: bool = True
+    ) -> Verdict:
         """A peer's message, which reached this node at ``arrived`` (now if not given):
-        checked, regenerated and scored by this node, then pooled."""
-        return self.intake.receive(data, author, arrived)
+        checked, regenerated and (unless ``score`` is False) scored by this node, then
+        pooled."""
+        return self.intake.receive(data, author, arrived, score=score)
 
     # --- record and state --------------------------------------------------------------
 

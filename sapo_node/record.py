@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from sapo_node.groups import Group, taught_flags
+from sapo_node.intake.demand import formatted_share
 from sapo_node.metrics import peak_gpu_mb, peak_rss_mb
 from sapo_node.tasks import extract_answer
 
@@ -84,6 +85,7 @@ def round_record(
         **outcome_counts("groups/local", local, threshold),
         **outcome_counts("groups/external", theirs, threshold),
         "rollout/answer_tag_rate": answer_format_rate(local),
+        "rollout/answer_tag_rate_finished": finished_format_rate(local),
         "pool/groups": len(pool),
         "pool/mb": pool.size_bytes() / 2**20,
     }
@@ -127,6 +129,16 @@ def round_record(
 def answer_format_rate(groups: Sequence[Group]) -> float:
     """The share of the groups' completions with an answer between the tags (0 if none)."""
     return mean([extract_answer(x) is not None for g in groups for x in g.texts])
+
+
+def finished_format_rate(groups: Sequence[Group]) -> float | None:
+    """The same share among the completions that finished (None if none did): what
+    ``train.external_by = "format"`` reads (intake/demand.py, ``formatted_share``)."""
+    return formatted_share(
+        (done, extract_answer(x) is not None)
+        for g in groups
+        for x, done in zip(g.texts, g.finished, strict=True)
+    )
 
 
 def age_record(theirs: Sequence[Group], r: int, now: float) -> dict[str, float]:

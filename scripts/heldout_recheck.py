@@ -30,7 +30,14 @@ from sapo_node.atomic import write_text_atomic  # noqa: E402
 from sapo_node.evaluate import evaluate_checkpoint  # noqa: E402
 from sapo_node.experiment import _share_model_cache  # noqa: E402
 from sapo_node.experiment.significance import sign_flip_p  # noqa: E402
-from sapo_node.experiment.spec import arm, arms, load_spec, node_config  # noqa: E402
+from sapo_node.experiment.spec import (  # noqa: E402
+    arm,
+    arms,
+    compared_nodes,
+    compared_per_swarm,
+    load_spec,
+    node_config,
+)
 
 
 def result_path(out: Path, dirname: str, index: int, seed: int, tasks: int) -> Path:
@@ -88,8 +95,7 @@ def _write(path: Path, report, what: str) -> None:
 
 
 def compare(spec, out: Path, treatment: str, baseline: str, seed: int, tasks: int) -> dict:
-    per_swarm = spec.experiment.nodes
-    n = per_swarm * spec.experiment.replicates
+    per_swarm, n = compared_per_swarm(spec), compared_nodes(spec)  # a late joiner: 1 a swarm
     t, b = arm(spec, treatment), arm(spec, baseline)
     read = [[_read(result_path(out, a.dirname, i, seed, tasks)) for i in range(n)] for a in (t, b)]
     greedy = [[r["eval/greedy"] for r in rows] for rows in read]
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     eval_ = {"seed": args.eval_seed, "tasks": args.tasks, "samples": args.samples}
     spec = load_spec(args.spec, {"eval": eval_, "experiment": {"threads": args.threads}})
-    n = spec.experiment.nodes * spec.experiment.replicates
+    n = compared_nodes(spec)
     if args.start:
         evaluate_start(spec, args.out, args.eval_seed, args.tasks)
     for label in args.arm:

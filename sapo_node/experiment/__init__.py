@@ -7,7 +7,10 @@ every node runs round r, then what they published in round r is delivered, then 
 node runs round r + 1. So in every configuration node i has the same seed, the same
 schedule and the same view of its peers (their previous round's groups). Each node is
 evaluated on the held-out set (evaluate.py) before training, every ``eval.every``
-rounds, and at the end. Curriculum off (fixed difficulty, as in the paper).
+rounds, and at the end. Curriculum off (fixed difficulty, as in the paper) unless
+``experiment.curriculum``. With ``[experiment.late_joiner]`` the compared node of each
+replicate is a fresh node that joins a swarm trained before it (or, with J = 0, runs
+alone): the scenario of a user who joins a swarm that has run for days.
 
 Departures from the paper, and why: 4 nodes and I + J = 4 by default (a CPU holds four
 135M models; the paper had 8 GPUs and I + J = 8); held-out evaluation added, since
@@ -29,6 +32,14 @@ Experiment file (TOML), every key optional but ``grid``::
     threads = 1                         # torch threads of the process (0: torch's default)
     checkpoint_every = 1                # 1: a stop loses no finished round
     window = 10                         # moving average of the reward curves
+    curriculum = false                  # true: the base config's curriculum runs
+    periodic_samples = 1                # samples per task of the evaluations in between
+    thresholds = [0.3]                  # held-out greedy: compute until each (time to accuracy)
+    confirmatory_runs_on_question = 6   # printed in the report, with question = "..."
+    [experiment.late_joiner]            # each replicate's node joins a warm swarm of N
+    swarm_rounds = 60                   # rounds the swarm trained first
+    swarms = 1                          # warm swarms (joiner k joins k % swarms)
+    swarm_from = ""                     # an earlier OUT/<configuration> to resume them from
     [eval]                              # the held-out evaluation: node [eval] fields
     tasks = 32
     samples = 4
@@ -43,14 +54,17 @@ Output under OUT::
     OUT/experiment.json                 the resolved experiment (a resume must match)
     OUT/<I-J[-sampling]>/node-<i>/      each node's data dir: metrics.jsonl, eval.jsonl,
                                         checkpoints/, pool.sqlite3
-    OUT/start-eval/node-<i>.json        node i's evaluation before training (run once,
-                                        reused by every configuration)
+    OUT/start-eval/<key>.json           the untrained model's evaluation (run once per
+                                        model and eval settings, reused by every node)
+    OUT/swarm-<w>/node-<m>/             a late joiner's warm swarm w, and at-join.json
+    OUT/<configuration>/swarm-<k>/      the copy of it that joiner k joined
     OUT/.models/                        the one de-quantised copy of the model
     OUT/results.json                    every figure of the report, per node too
     OUT/results.md                      the table, like the paper's, with its notes
     OUT/reward_curves.png               mean reward per round, moving average
     OUT/heldout.png                     held-out accuracy at each evaluation
     OUT/answer_format.png               share of own completions in the answer format
+    OUT/time_to_accuracy.png            held-out greedy against compute (with thresholds)
 
 Resuming: running the same command again continues each node from its checkpoint;
 rounds in metrics.jsonl and evaluations in eval.jsonl up to the checkpoint are not
@@ -88,17 +102,21 @@ from sapo_node.experiment.runner import (
     check_resumable,
     run_arm,
     run_experiment,
+    start_eval_key,
 )
 from sapo_node.experiment.spec import (
+    MEMBER_INDEX,
     SEED_SPACING,
     SOLVER_INDEX,
     Arm,
     EvalLog,
     ExperimentSection,
     ExperimentSpec,
+    LateJoiner,
     arm,
     arms,
     eval_due,
+    eval_samples,
     load_spec,
     node_config,
     node_seed,
@@ -108,6 +126,7 @@ from sapo_node.experiment.spec import (
 __all__ = [
     "FORMAT_TARGET",
     "FORMAT_WINDOW",
+    "MEMBER_INDEX",
     "OUTCOMES",
     "PARKED",
     "SEED_SPACING",
@@ -118,6 +137,7 @@ __all__ = [
     "EvalLog",
     "ExperimentSection",
     "ExperimentSpec",
+    "LateJoiner",
     "SolverMember",
     "_locked",
     "_share_model_cache",
@@ -127,6 +147,7 @@ __all__ = [
     "check_resumable",
     "collect",
     "eval_due",
+    "eval_samples",
     "format_summary",
     "halves",
     "heldout_summary",
@@ -142,4 +163,5 @@ __all__ = [
     "report",
     "run_arm",
     "run_experiment",
+    "start_eval_key",
 ]

@@ -7,22 +7,41 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from sapo_node.evaluate import breakdown
 from sapo_node.experiment.significance import (
     bootstrap_interval,
     sign_flip_p,
     smallest_p,
     wilson_interval,
 )
-from sapo_node.experiment.spec import ExperimentSpec, arms
+from sapo_node.experiment.spec import ExperimentSpec, arms, compared_per_swarm
 
 
-def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], rounds: int):
+def node_summary(
+    rows: Sequence[dict[str, Any]],
+    evals: Sequence[dict[str, Any]],
+    rounds: int,
+    thresholds: dict[str, float] | None = None,
+):
     """One node's figures from its metrics rows (in the current names: read_metrics)
-    and evaluations. The figures' names are the analysis's own, kept in results.json
-    whatever the rows call them."""
+    and evaluations; with ``thresholds`` (name -> held-out greedy accuracy) also its
+    held-out curve against compute and its time to each. The figures' names are the
+    analysis's own, kept in results.json whatever the rows call them."""
     done = [r for r in rows if r["round"] < rounds]
     by_round = {int(e["round"]): e for e in evals}
     start, end = by_round.get(0), by_round.get(rounds)
+    extra: dict[str, Any] = {}
+    if thresholds:
+        curve = heldout_curve(done, [by_round[k] for k in sorted(by_round) if k <= rounds])
+        extra = {
+            "heldout_curve": curve,
+            "time_to_accuracy": {
+                name: time_to_accuracy(curve, value) for name, value in thresholds.items()
+            },
+        }
+        levels = _final_levels(done)
+        if levels:
+            extra["final_levels"] = levels
     return {
         "rounds": len(done),
         "cumulative_reward": sum(r["reward/mean"] for r in done),
@@ -40,7 +59,147 @@ def node_summary(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]
         "eval_end": _eval_brief(end),
         "evals": [_eval_brief(by_round[k]) | {"round": k} for k in sorted(by_round)],
         "halves": [mechanism_sums(h) for h in halves(done, rounds)],
+    } | extra
+
+
+def heldout_curve(rows: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]):
+    """[round, compute-seconds before it, greedy, pass@1] of each evaluation: the node's
+    compute (``compute_seconds``) summed over the rounds it had trained when evaluated.
+
+    >>> heldout_curve([{"round": 0, "compute_s": 2.0}, {"round": 1, "compute_s": 3.0}],
+    ...               [{"round": 0, "eval/greedy": 0.1, "eval/pass1": 0.2},
+    ...                {"round": 2, "eval/greedy": 0.5, "eval/pass1": 0.4}])
+    [[0, 0.0, 0.1, 0.2], [2, 5.0, 0.5, 0.4]]
+    """
+    out = []
+    for e in evals:
+        k = int(e["round"])
+        spent = sum((compute_seconds(r) for r in rows if r["round"] < k), 0.0)
+        out.append([k, spent, e["eval/greedy"], e["eval/pass1"]])
+    return out
+
+
+def time_to_accuracy(curve: Sequence[Sequence[float]], threshold: float) -> dict[str, Any]:
+    """The first evaluation of ``curve`` (heldout_curve) whose greedy accuracy reaches
+    ``threshold``: its round and the compute-seconds spent before it (None, None if none
+    did; ``spent``: the compute of the whole curve, a lower bound of the time then).
+
+    >>> time_to_accuracy([[0, 0.0, 0.1, 0.1], [2, 5.0, 0.5, 0.4], [4, 9.0, 0.6, 0.5]], 0.5)
+    {'threshold': 0.5, 'round': 2, 'compute_s': 5.0, 'spent': 9.0}
+    >>> time_to_accuracy([[0, 0.0, 0.1, 0.1]], 0.5)["compute_s"] is None
+    True
+    """
+    hit = next((p for p in curve if p[2] >= threshold - 1e-12), None)
+    return {
+        "threshold": threshold,
+        "round": None if hit is None else int(hit[0]),
+        "compute_s": None if hit is None else hit[1],
+        "spent": curve[-1][1] if curve else 0.0,
     }
+
+
+def _final_levels(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Each family's curriculum level after the node's last round (its row's
+    ``family_level/<family>``)."""
+    last = max(rows, key=lambda r: r["round"], default={})
+    return {
+        k.removeprefix("family_level/"): int(v)
+        for k, v in last.items()
+        if k.startswith("family_level/")
+    }
+
+
+def _time_or_bound(t: dict[str, Any]) -> float:
+    """A node's time to accuracy, or if it never got there the compute it spent (a lower
+    bound of its time: counting it so favours neither side more than the data allow)."""
+    return t["compute_s"] if t["compute_s"] is not None else t["spent"]
+
+
+def time_to_accuracy_summary(nodes, base_nodes=None) -> dict[str, Any] | None:
+    """Per threshold, over a configuration's nodes: how many reached it, the mean
+    compute-seconds to it (a node that never did counts its whole compute), and paired by
+    node seed against ``base_nodes``: the ratio of the means and the sign-flip p of the
+    per-node differences."""
+    if not nodes or any("time_to_accuracy" not in n for n in nodes):
+        return None
+    out: dict[str, Any] = {}
+    for name in nodes[0]["time_to_accuracy"]:
+        mine = [n["time_to_accuracy"][name] for n in nodes]
+        entry: dict[str, Any] = {
+            "threshold_mean": _mean_of(t["threshold"] for t in mine),
+            "reached": sum(t["compute_s"] is not None for t in mine),
+            "compute_s_mean": _mean_of(_time_or_bound(t) for t in mine),
+            "rounds_reached": [t["round"] for t in mine],
+        }
+        if base_nodes is not None and all("time_to_accuracy" in b for b in base_nodes):
+            base = [b["time_to_accuracy"][name] for b in base_nodes]
+            diffs = [_time_or_bound(x) - _time_or_bound(b) for x, b in zip(mine, base, strict=True)]
+            base_mean = _mean_of(_time_or_bound(t) for t in base)
+            entry |= {
+                "base_reached": sum(t["compute_s"] is not None for t in base),
+                "base_compute_s_mean": base_mean,
+                "ratio": entry["compute_s_mean"] / base_mean if base_mean else None,
+                "diff_compute_s": diffs,
+                "pairs_faster": sum(d < 0 for d in diffs),
+                "p": sign_flip_p(diffs),
+            }
+        out[name] = entry
+    return out
+
+
+def heldout_over_time(nodes, base_nodes=None) -> list[dict[str, Any]] | None:
+    """At each evaluation every node had (its rounds trained), the mean compute spent,
+    greedy and pass@1 over the nodes, and paired by node seed against ``base_nodes``
+    the mean greedy difference and its sign-flip p."""
+    if not nodes or any("heldout_curve" not in n for n in nodes):
+        return None
+
+    def at(n) -> dict[int, list[float]]:
+        return {int(p[0]): p for p in n["heldout_curve"]}
+
+    mine = [at(n) for n in nodes]
+    base = [at(b) for b in base_nodes] if base_nodes else None
+    common = set.intersection(*(set(m) for m in mine))
+    if base:
+        common &= set.intersection(*(set(b) for b in base))
+    out = []
+    for k in sorted(common):
+        row: dict[str, Any] = {
+            "round": k,
+            "compute_s": _mean_of(m[k][1] for m in mine),
+            "greedy": _mean_of(m[k][2] for m in mine),
+            "pass1": _mean_known(m[k][3] for m in mine),
+        }
+        if base:
+            diffs = [m[k][2] - b[k][2] for m, b in zip(mine, base, strict=True)]
+            row |= {"diff_greedy": _mean_of(diffs), "p": sign_flip_p(diffs)}
+        out.append(row)
+    return out
+
+
+def heldout_by(nodes: Sequence[dict[str, Any]], which: str) -> dict[str, Any] | None:
+    """Held-out greedy and pass@1 of ``which`` (eval_start, eval_end) by level, family
+    and both, pooled over the nodes' tasks; None if an evaluation lacks the breakdown."""
+    evals = [n[which] for n in nodes]
+    if not evals or any(e is None or "by" not in e for e in evals):
+        return None
+    out: dict[str, Any] = {}
+    for kind in ("level", "family", "family_level"):
+        keys = list(dict.fromkeys(k for e in evals for k in e["by"][kind]))
+        out[kind] = {}
+        for key in keys:
+            cells = [e["by"][kind][key] for e in evals if key in e["by"][kind]]
+            tasks = sum(c["tasks"] for c in cells)
+            measured = [c for c in cells if c["pass1"] is not None]
+            out[kind][key] = {
+                "tasks": tasks,
+                "greedy": sum(c["greedy"] * c["tasks"] for c in cells) / tasks,
+                "pass1": sum(c["pass1"] * c["tasks"] for c in measured)
+                / sum(c["tasks"] for c in measured)
+                if measured
+                else None,
+            }
+    return out
 
 
 def compute_seconds(row: dict[str, Any]) -> float:
@@ -60,6 +219,13 @@ def compute_seconds(row: dict[str, Any]) -> float:
 def _mean_of(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
+
+
+def _mean_known(values) -> float | None:
+    """The mean of the values that were measured (a greedy-only evaluation has no
+    pass@1); None if none was."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 # What sharing did, from the rows' per-round facts (node.Node._record): own and peers'
@@ -149,6 +315,7 @@ def _eval_brief(e: dict[str, Any] | None) -> dict[str, Any] | None:
     if e is None:
         return None
     keep = {k: v for k, v in e.items() if k.startswith("eval/")}
+    by = breakdown(e)
     return {
         "greedy": e["eval/greedy"],
         "pass1": e["eval/pass1"],
@@ -160,7 +327,7 @@ def _eval_brief(e: dict[str, Any] | None) -> dict[str, Any] | None:
             for k, v in keep.items()
             if k.startswith("eval/greedy/")
         },
-    }
+    } | ({} if by is None else {"by": by})
 
 
 def heldout_summary(nodes: Sequence[dict[str, Any]], which: str) -> dict[str, Any] | None:
@@ -249,7 +416,7 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
         }
         if base_nodes is not None and a is not baseline:
             entry |= _versus(nodes, base_nodes)
-            entry["by_replicate"] = by_replicate(nodes, base_nodes, spec.experiment.nodes)
+            entry["by_replicate"] = by_replicate(nodes, base_nodes, compared_per_swarm(spec))
             entry["by_half"] = by_half(nodes, base_nodes, rounds)
             entry["conclusion"] = conclusion(
                 entry["p_reward"],
@@ -259,7 +426,7 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
             )
             if "p_reward_per_compute_s" in entry:  # the same rule on reward per compute-second
                 entry["by_replicate_per_compute_s"] = by_replicate_rate(
-                    nodes, base_nodes, spec.experiment.nodes
+                    nodes, base_nodes, compared_per_swarm(spec)
                 )
                 entry["conclusion_per_compute_s"] = conclusion(
                     entry["p_reward_per_compute_s"],
@@ -267,6 +434,21 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
                     entry["by_replicate_per_compute_s"],
                     _rate(_sums(base_nodes)) or 0.0,
                 )
+        # the endpoints of the late-joiner and staying scenarios, where the spec asks
+        versus = base_nodes if a is not baseline else None
+        timing = time_to_accuracy_summary(nodes, versus)
+        if timing is not None:
+            entry["time_to_accuracy"] = timing
+            entry["heldout_over_time"] = heldout_over_time(nodes, versus)
+            levels = [n["final_levels"] for n in nodes if n.get("final_levels")]
+            if levels:
+                entry["final_levels_mean"] = {
+                    f: _mean_of(x.get(f, 0) for x in levels) for f in levels[0]
+                }
+        for which, key in (("eval_start", "heldout_start_by"), ("eval_end", "heldout_end_by")):
+            by = heldout_by(nodes, which)
+            if by is not None:
+                entry[key] = by
         plain = next((p for p in order if p.ratio == a.ratio and p.plain), None)
         if not a.plain and plain is not None:
             entry["versus_plain"] = {"label": plain.label, **_versus(nodes, data[plain.label])}
@@ -291,6 +473,32 @@ def analyse(spec: ExperimentSpec, data: dict[str, list[dict[str, Any]]]) -> dict
     n = len(base_nodes or [])
     out["pairs"] = n
     out["smallest_p"] = smallest_p(n)
+    e = spec.experiment
+    if e.confirmatory_runs_on_question is not None:
+        out["confirmatory_runs_on_question"] = e.confirmatory_runs_on_question
+        if e.question:
+            out["question"] = e.question
+    if e.late_joiner is not None:
+        out["late_joiner"] = e.late_joiner.model_dump()
+    if e.setting:
+        out["setting"] = {"note": e.setting, "base": _flatten(spec.base)}
+    if e.curriculum:
+        out["curriculum"] = True
+    return out
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config overrides as dotted keys.
+
+    >>> _flatten({"train": {"lr": 1e-5}, "a": 1})
+    {'train.lr': 1e-05, 'a': 1}
+    """
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
     return out
 
 

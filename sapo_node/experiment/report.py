@@ -16,7 +16,14 @@ from sapo_node.experiment.analysis import (
     analyse,
     node_summary,
 )
-from sapo_node.experiment.spec import EvalLog, ExperimentSpec, arms, node_seed
+from sapo_node.experiment.spec import (
+    AT_JOIN,
+    EvalLog,
+    ExperimentSpec,
+    arms,
+    compared_nodes,
+    node_seed,
+)
 
 
 def _pct(x: float) -> str:
@@ -69,6 +76,7 @@ def render_table(results: dict[str, Any]) -> str:
         "rounds, summed over nodes (evaluation excluded; it is the same for every "
         "configuration).",
     ]
+    lines += _setting_lines(results)
     starved = [c for c in results["configurations"] if c.get("j_unfilled_expired")]
     if starved:
         lines.append(
@@ -81,7 +89,90 @@ def render_table(results: dict[str, Any]) -> str:
     lines += _against_baseline_table(results)
     lines += _format_table(results)
     lines += _mechanism_table(results)
+    lines += _time_to_accuracy_table(results)
+    lines += _over_time_table(results)
+    lines += _by_level_table(results)
     return "\n".join(lines) + "\n"
+
+
+def _setting_lines(results: dict[str, Any]) -> list[str]:
+    """What the spec says of its setting and of the runs made on its question (each line
+    only where the spec gives it, so that older reports are rewritten as they were)."""
+    lines = []
+    setting = results.get("setting")
+    if setting:
+        base = ", ".join(f"`{k} = {json.dumps(v)}`" for k, v in setting["base"].items())
+        lines.append(
+            "- Setting: the shipped defaults (configs/default.toml)"
+            + (f" but for {base}" if base else "")
+            + "; the experiment also sets each node's seed, data directory, rounds and "
+            "threads, the network off (lockstep rounds over the in-memory transport) and "
+            f"the evaluations (run by the experiment). {setting['note']}"
+        )
+    lj = results.get("late_joiner")
+    if lj:
+        source = f"resumed from `{lj['swarm_from']}`" if lj["swarm_from"] else "trained here"
+        lines.append(
+            f"- Late joiner: each compared node is a fresh node that joins a swarm of "
+            f"members that trained {lj['swarm_rounds']} rounds first ({lj['swarms']} warm "
+            f"swarm(s), {source}); the members keep training and sharing beside it. Its pair "
+            "is the same node (same seed) alone, J = 0. Only the joiners are compared; "
+            "their compute is their own (the swarm's is not counted)."
+        )
+    n = results.get("confirmatory_runs_on_question")
+    if n is not None:
+        q = results.get("question")
+        text = "- Confirmatory (pre-registered) runs made on this question"
+        text += f" ({q}): {n}" if q else f": {n}"
+        if n > 1:
+            text += (
+                f". Read each p against them: p < {ALPHA} over {n} tries holds after a "
+                f"Bonferroni correction only below {ALPHA / n:.2g}."
+            )
+        elif n == 0:
+            text += " (this run is not one)."
+        else:
+            text += "."
+        lines.append(text)
+    return lines
+
+
+def _time_to_accuracy_table(results: dict[str, Any]) -> list[str]:
+    """Compute-seconds until held-out greedy first reaches each threshold."""
+    rows = [c for c in results["configurations"] if c.get("time_to_accuracy")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Time to accuracy: a node's compute until its held-out greedy first reaches a threshold",
+        "",
+        "| I / J | sampling | threshold | nodes that reached it | compute-seconds to it "
+        "(mean) | vs J=0 | p | pairs faster |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    n = results["pairs"]
+    for c in rows:
+        for name, t in c["time_to_accuracy"].items():
+            ratio = t.get("ratio")
+            faster = f"{t['pairs_faster']} of {n}" if "pairs_faster" in t else "–"
+            lines.append(
+                f"| {_label(c)} | {c['sampling']} | {name} ({_pct(t['threshold_mean'])}) "
+                f"| {t['reached']} of {len(c['nodes'])} | {_seconds(t['compute_s_mean'])} "
+                f"| {'–' if ratio is None else format(ratio, '.2f') + 'x'} | {_p(t.get('p'))} "
+                f"| {faster} |"
+            )
+    lines += [
+        "",
+        "- Time to accuracy: per node, the compute-seconds (as in the cost table) of the "
+        "rounds it had trained at its first held-out evaluation whose greedy accuracy reached "
+        "the threshold; evaluations every `eval.every` rounds set its resolution. A node that "
+        "never reached it counts its whole compute, a lower bound of its time. vs J=0: the "
+        "ratio of the means (below 1: sooner); p: exact sign-flip test of the per-node "
+        "differences, paired by node seed. `swarm at join`: for each pair, the mean held-out "
+        "greedy accuracy of the joiner's swarm when it joined. Plotted in "
+        "time_to_accuracy.png.",
+    ]
+    return lines
 
 
 def _cost_table(results: dict[str, Any]) -> list[str]:
@@ -196,6 +287,82 @@ def _mechanism_table(results: dict[str, Any]) -> list[str]:
         "clipped: share of optimiser steps whose gradient norm exceeded the clip. Grad norm: "
         "mean over rounds with a step of the norm before clipping. External age: rounds "
         "from a peer's group entering the pool to the round that trained on it.",
+    ]
+    return lines
+
+
+def _over_time_table(results: dict[str, Any]) -> list[str]:
+    """Held-out accuracy at each evaluation, against J = 0 at the same rounds."""
+    rows = [c for c in results["configurations"] if c.get("heldout_over_time")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Held-out accuracy over the run",
+        "",
+        "| I / J | sampling | rounds trained | compute-seconds (mean) | greedy | pass@1 "
+        "| greedy vs J=0 | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in rows:
+        for r in c["heldout_over_time"]:
+            diff = r.get("diff_greedy")
+            lines.append(
+                f"| {_label(c)} | {c['sampling']} | {r['round']} | {_seconds(r['compute_s'])} "
+                f"| {_pct(r['greedy'])} | {'–' if r['pass1'] is None else _pct(r['pass1'])} "
+                f"| {'–' if diff is None else format(100 * diff, '+.1f') + ' pt'} "
+                f"| {_p(r.get('p'))} |"
+            )
+    levels = [c for c in rows if c.get("final_levels_mean")]
+    lines += [
+        "",
+        "- Means over the nodes at each evaluation (pass@1 with `experiment.periodic_samples` "
+        "samples between the start and the end where set; – where 0: greedy only); greedy "
+        "vs J=0: the mean paired "
+        "difference, with the sign-flip p, at the same rounds trained.",
+    ]
+    if levels:
+        lines.append(
+            "- Curriculum level after the last round, mean over nodes: "
+            + "; ".join(
+                f"{_label(c)}: "
+                + ", ".join(f"{f} {x:.2f}" for f, x in c["final_levels_mean"].items())
+                for c in levels
+            )
+            + " (levels from 0)."
+        )
+    return lines
+
+
+def _by_level_table(results: dict[str, Any]) -> list[str]:
+    """Held-out accuracy at the start and the end by level and by family."""
+    rows = [c for c in results["configurations"] if c.get("heldout_end_by")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Held-out accuracy by level and by family",
+        "",
+        "| I / J | sampling | level / family | tasks (all nodes) | greedy, start | greedy, end "
+        "| pass@1, end |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in rows:
+        start = c.get("heldout_start_by") or {}
+        end = c["heldout_end_by"]
+        for kind, name in (("level", "level {}"), ("family", "{}")):
+            for key, x in end[kind].items():
+                s = start.get(kind, {}).get(key)
+                lines.append(
+                    f"| {_label(c)} | {c['sampling']} | {name.format(key)} | {x['tasks']} "
+                    f"| {'–' if s is None else _pct(s['greedy'])} | {_pct(x['greedy'])} "
+                    f"| {'–' if x['pass1'] is None else _pct(x['pass1'])} |"
+                )
+    lines += [
+        "",
+        "- The held-out set holds every level of each family round robin with the curriculum "
+        "on (its start level with it off); pooled over the nodes' tasks. By family and level "
+        "together: `heldout_end_by` in results.json.",
     ]
     return lines
 
@@ -320,6 +487,25 @@ def plot_results(results: dict[str, Any], out: Path, window: int) -> list[Path]:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     written.append(_save(fig, out / "answer_format.png"))
+
+    timed = [c for c in results["configurations"] if c.get("heldout_over_time")]
+    if timed:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for c in timed:
+            xs = [r["compute_s"] for r in c["heldout_over_time"]]
+            ax.plot(xs, [r["greedy"] for r in c["heldout_over_time"]], "o-", label=_label(c))
+        thresholds = (timed[0].get("time_to_accuracy") or {}).items()
+        for name, t in thresholds:
+            ax.axhline(t["threshold_mean"], ls="--", lw=0.8, color="grey")
+            ax.annotate(name, (0, t["threshold_mean"]), fontsize=7, color="grey")
+        ax.set(
+            xlabel="compute-seconds of the node (mean over nodes)",
+            ylabel="held-out greedy accuracy",
+            title="Time to accuracy",
+        )
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        written.append(_save(fig, out / "time_to_accuracy.png"))
     return written
 
 
@@ -339,18 +525,39 @@ def collect(spec: ExperimentSpec, out: Path) -> dict[str, list[dict[str, Any]]]:
     from sapo_node.metrics import read_metrics
 
     e = spec.experiment
+    fixed = {f"{100 * t:g}%": t for t in e.thresholds}
+    at_join = _at_join(spec, out)
     data: dict[str, list[dict[str, Any]]] = {}
     for a in arms(spec):
-        dirs = [out / a.dirname / f"node-{i}" for i in range(e.nodes * e.replicates)]
+        dirs = [out / a.dirname / f"node-{i}" for i in range(compared_nodes(spec))]
         if not any((d / "metrics.jsonl").exists() or (d / "eval.jsonl").exists() for d in dirs):
             continue
         nodes = []
         for i, d in enumerate(dirs):
             rows = read_metrics(d / "metrics.jsonl") if (d / "metrics.jsonl").exists() else []
-            summary = node_summary(rows, EvalLog(d / "eval.jsonl").read(), e.rounds)
+            thresholds = fixed | ({"swarm at join": at_join[i]} if at_join else {})
+            evals = EvalLog(d / "eval.jsonl").read()
+            summary = node_summary(rows, evals, e.rounds, thresholds or None)
             nodes.append({"index": i, "seed": node_seed(spec, i), **summary})
         data[a.label] = nodes
     return data
+
+
+def _at_join(spec: ExperimentSpec, out: Path) -> list[float] | None:
+    """Per joiner, the mean held-out greedy accuracy of its warm swarm when it joined
+    (OUT/swarm-<w>/at-join.json); None unless the spec asks for it and every warm swarm
+    has it."""
+    lj = spec.experiment.late_joiner
+    if lj is None or not lj.threshold_at_join:
+        return None
+    means = []
+    for w in range(lj.swarms):
+        path = out / f"swarm-{w}" / AT_JOIN
+        if not path.exists():
+            return None
+        members = json.loads(path.read_text(encoding="utf-8"))["members"]
+        means.append(sum(m["eval/greedy"] for m in members) / len(members))
+    return [means[k % lj.swarms] for k in range(spec.experiment.replicates)]
 
 
 def report(spec: ExperimentSpec, out: Path) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from sapo_node.config import Config, ConfigError, EvalSection, _deep_merge, _des
 
 SEED_SPACING = 2**40  # node seeds this far apart: their task streams never overlap
 SOLVER_INDEX = 10**6  # the solver member of replicate k has the seed of node SOLVER_INDEX + k
+AT_JOIN = "at-join.json"  # OUT/swarm-<w>/at-join.json: the members' evaluations at the join
+MEMBER_INDEX = 2 * 10**6  # member m of warm swarm w (late joiner): node MEMBER_INDEX + w * N + m
 Sampling = Literal["paper", "uniform", "balanced", "teaching"]
 
 
@@ -38,6 +40,39 @@ class Variant(BaseModel):
         if ratio_keys:
             raise ValueError(f"variant sets {sorted(ratio_keys)}: its ratio sets I and J")
         return self
+
+
+class LateJoiner(BaseModel):
+    """[experiment.late_joiner]: each compared node joins a swarm that has trained before it.
+
+    Joiner k (node k, one per replicate) joins warm swarm ``k % swarms``: ``nodes``
+    members that trained ``swarm_rounds`` rounds and keep training and sharing while the
+    joiner runs its ``rounds``. In a configuration with J = 0 the joiner runs alone (its
+    pair); only the joiners are compared."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    swarm_rounds: int = Field(
+        ..., ge=1, le=1_000_000, description="Rounds the swarm trained before the joiner came."
+    )
+    swarm_from: str = Field(
+        "",
+        description="A directory holding node-<i>/ data directories (an earlier run's "
+        "OUT/<configuration>) whose latest checkpoint is round swarm_rounds: member m of "
+        "warm swarm w resumes node-<w * nodes + m>'s. Empty: the runner trains the warm "
+        "swarms itself (OUT/swarm-<w>/).",
+    )
+    swarms: int = Field(1, ge=1, le=64, description="Warm swarms (joiner k joins k % swarms).")
+    swarm_arm: str = Field(
+        "",
+        description="The configuration whose node config the members run (empty: the first "
+        "with J > 0).",
+    )
+    threshold_at_join: bool = Field(
+        True,
+        description="Add a time-to-accuracy threshold: the mean held-out greedy accuracy of "
+        "the joiner's warm swarm when it joined.",
+    )
 
 
 class ExperimentSection(BaseModel):
@@ -86,6 +121,40 @@ class ExperimentSection(BaseModel):
     threads: int = Field(1, ge=0, le=1024, description="torch threads (0: torch's default).")
     checkpoint_every: int = Field(1, ge=1, le=100_000, description="Checkpoint every N rounds.")
     window: int = Field(10, ge=1, le=100_000, description="Moving-average window of the curves.")
+    curriculum: bool = Field(
+        False,
+        description="Keep the nodes' curriculum (the base config's levels); false: fixed "
+        "difficulty, as in the paper.",
+    )
+    periodic_samples: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="Sampled completions per task at the evaluations between the start and "
+        "the end (eval.every), to make them cheaper (0: greedy only, no pass@1); unset: "
+        "eval.samples. Greedy is the same in every evaluation.",
+    )
+    thresholds: list[float] = Field(
+        default_factory=list,
+        description="Held-out greedy accuracies: the report gives each node's compute-seconds "
+        "until its evaluations first reach each (time to accuracy).",
+    )
+    late_joiner: LateJoiner | None = Field(
+        None, description="Compare nodes that join a swarm trained before them (LateJoiner)."
+    )
+    confirmatory_runs_on_question: int | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description="Confirmatory (pre-registered) runs made on this experiment's question, "
+        "this one included if it is one; printed in the report (a p is read against them).",
+    )
+    question: str = Field("", description="The question those runs asked, in a few words.")
+    setting: str = Field(
+        "",
+        description="Printed in the report with the [base] overrides: how and why the "
+        "setting differs from the defaults.",
+    )
 
     @model_validator(mode="after")
     def _grid(self) -> ExperimentSection:
@@ -124,6 +193,8 @@ class ExperimentSection(BaseModel):
             raise ValueError("the grid needs the baseline, a ratio with J = 0 (e.g. '4/0')")
         if len(set(self.grid)) != len(self.grid):
             raise ValueError(f"grid has repeated ratios: {self.grid}")
+        if any(not 0.0 < t <= 1.0 for t in self.thresholds):
+            raise ValueError(f"thresholds are held-out accuracies in (0, 1]: {self.thresholds}")
         return self
 
 
@@ -150,6 +221,19 @@ class ExperimentSpec(BaseModel):
             )
         for a in arms(self):  # validates base and each variant's overrides
             node_config(self, a, 0, Path("."))
+        lj = self.experiment.late_joiner
+        if lj is not None:
+            if lj.swarm_arm:
+                try:
+                    members = arm(self, lj.swarm_arm)
+                except ConfigError as exc:
+                    raise ValueError(f"late_joiner.swarm_arm: {exc}") from None
+                if members.external == 0:
+                    raise ValueError("late_joiner.swarm_arm needs J >= 1: its members share")
+            elif swarm_arm(self) is None:
+                raise ValueError("a late joiner needs a configuration with J >= 1 to join")
+            if self.experiment.solver:
+                raise ValueError("a late joiner's swarm has no solver member")
         return self
 
 
@@ -237,6 +321,38 @@ def arm(spec: ExperimentSpec, label: str) -> Arm:
     raise ConfigError(f"no configuration {label!r} in this experiment (it has {known})")
 
 
+def swarm_arm(spec: ExperimentSpec) -> Arm | None:
+    """The configuration whose node config a late joiner's swarm members run."""
+    lj = spec.experiment.late_joiner
+    if lj is None:
+        return None
+    if lj.swarm_arm:
+        return arm(spec, lj.swarm_arm)
+    return next((a for a in arms(spec) if a.external > 0), None)
+
+
+def compared_nodes(spec: ExperimentSpec) -> int:
+    """The nodes compared per configuration: every node of every swarm, or with a late
+    joiner, the one joiner of each replicate."""
+    e = spec.experiment
+    return e.replicates if e.late_joiner is not None else e.nodes * e.replicates
+
+
+def compared_per_swarm(spec: ExperimentSpec) -> int:
+    """Compared nodes in one swarm (one replicate)."""
+    return 1 if spec.experiment.late_joiner is not None else spec.experiment.nodes
+
+
+def member_config(spec: ExperimentSpec, data_dir: Path, seed: int, rounds: int) -> Config:
+    """A late joiner's swarm member: the swarm configuration's node, in ``data_dir``, with
+    ``seed``, trained up to ``rounds`` rounds in all."""
+    a = swarm_arm(spec)
+    assert a is not None  # the spec's validator requires one
+    c = node_config(spec, a, 0, data_dir)
+    node = c.node.model_copy(update={"data_dir": Path(data_dir), "seed": seed, "rounds": rounds})
+    return c.model_copy(update={"node": node})
+
+
 def node_seed(spec: ExperimentSpec, index: int) -> int:
     """Node ``index``'s seed: the same in every configuration, far from the others'."""
     return spec.experiment.seed + index * SEED_SPACING
@@ -260,10 +376,11 @@ def node_config(spec: ExperimentSpec, a: Arm, index: int, out: Path) -> Config:
         # J fixed at the arm's ratio, unless the arm makes it adaptive
         "train": {"local_groups": a.local, "external_groups": a.external}
         | ({"external_by": "fixed"} if bound is None else {"external_max": bound}),
-        "curriculum": {"enabled": False},
         "net": {"enabled": False},
         "eval": {**spec.eval.model_dump(), "every": 0},  # the experiment runs the evals
     }
+    if not e.curriculum:  # fixed difficulty, as in the paper
+        forced["curriculum"] = {"enabled": False}
     if a.sampling:
         forced["pool"] = {"sampling": a.sampling}
     base = _deep_merge(spec.base, variant)
@@ -318,6 +435,21 @@ class EvalLog:
     def append(self, record: dict[str, Any]) -> None:
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")
+
+
+def eval_samples(spec: ExperimentSpec, round_: int) -> int:
+    """Sampled completions per task of the evaluation after ``round_`` rounds: the full
+    ``eval.samples`` at the start and the end, ``periodic_samples`` in between.
+
+    >>> spec = ExperimentSpec.model_validate(
+    ...     {"experiment": {"rounds": 4, "periodic_samples": 1}, "eval": {"every": 2}})
+    >>> [eval_samples(spec, r) for r in (0, 2, 4)]
+    [4, 1, 4]
+    """
+    e = spec.experiment
+    if round_ in (0, e.rounds) or e.periodic_samples is None:
+        return spec.eval.samples
+    return e.periodic_samples
 
 
 def eval_due(spec: ExperimentSpec, round_: int) -> bool:

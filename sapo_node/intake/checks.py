@@ -17,7 +17,9 @@ In order, cheapest first, each step refusing with a counted reason (protocol/SPE
 7. every completion scored by this node's own verifier, in the sandbox worker, as this
    node will train it: ``prepare`` re-tokenises it with this node's tokenizer and cuts it
    to this node's completion limit first, so a reward is never earned by text beyond
-   the tokens that are trained.
+   the tokens that are trained. A node that would draw none of it now (J at 0) pools it
+   unscored, and scores it only before a round that may draw it (``score_pooled``):
+   scoring is the costly step, and every check that can refuse a group comes before it.
 
 A sender's answer, reward or advantage is never trusted. Custom-family tasks this node
 cannot regenerate are ignored unless ``pool.accept_unregenerable`` is set, in which case
@@ -62,6 +64,7 @@ CANNOT_REGENERATE = "cannot_regenerate"
 QUESTION_MISMATCH = "question_mismatch"
 ANSWER_MISMATCH = "answer_mismatch"
 POOL_UNAVAILABLE = "pool_unavailable"
+UNSCORABLE = "unscorable"  # pooled unscored, then no longer a task this node makes
 RECENT_REFUSALS = 50
 MAX_DETAIL_CHARS = 300
 DISTRUSTED = "distrusted"  # the poisoning defences ignore this peer for now (defence.py)
@@ -145,9 +148,12 @@ class Intake:
         self._ahead: dict[str, float] = {}  # author -> when its last group came from the future
         self._clock_warned = -math.inf
 
-    def receive(self, data: bytes, author: str, arrived: float | None = None) -> Verdict:
+    def receive(
+        self, data: bytes, author: str, arrived: float | None = None, *, score: bool = True
+    ) -> Verdict:
         """Check one message from ``author``, which reached this node at ``arrived``
-        (the pool's clock; now if not given), and pool it if it passes."""
+        (the pool's clock; now if not given), and pool it if it passes: scored, or with
+        ``score`` False unscored, for ``score_pooled`` to score if it may be drawn."""
         if not isinstance(author, str) or not 0 < len(author) <= MAX_AUTHOR_CHARS:
             return self._refuse(OTHERS, BAD_AUTHOR, f"author {str(author)[:40]!r}")
         if self.distrusted is not None and self.distrusted(author):
@@ -170,12 +176,7 @@ class Intake:
             task = self._task(msg)
         except _Refused as exc:
             return self._refuse(author, exc.reason, exc.detail)
-        texts = msg.completions
-        if self.prepare is not None:
-            texts = tuple(
-                self.prepare(c, f) for c, f in zip(msg.completions, msg.finished, strict=True)
-            )
-        rewards = tuple(r.reward for r in self.scorer.score(task, texts))
+        rewards = self._rewards(task, msg) if score else None
         item = PooledGroup(msg, author, rewards, now)
         try:
             self.pool.add(item, data, digest)
@@ -183,6 +184,35 @@ class Intake:
             log.error("cannot store a pooled group", error=str(exc))
             return Verdict("ignored", POOL_UNAVAILABLE, str(exc))
         return Verdict("accepted", item=item)
+
+    def score_pooled(
+        self, exclude: Collection[str] = (), should_stop: Callable[[], bool] = lambda: False
+    ) -> int:
+        """Score the pooled groups that wait for it (none of the authors in ``exclude``,
+        whose groups no draw takes); returns how many were scored. A group whose task
+        this node can no longer make (its config changed across a restart) leaves the
+        pool, counted as ``unscorable``."""
+        done = 0
+        for key, item in self.pool.unscored(exclude):
+            if should_stop():
+                break
+            try:
+                task = self._task(item.group)
+            except _Refused:
+                self.pool.drop(key, UNSCORABLE)
+                continue
+            self.pool.set_rewards(key, self._rewards(task, item.group))
+            done += 1
+        return done
+
+    def _rewards(self, task: Task, msg: wire.RolloutGroup) -> tuple[float, ...]:
+        """This node's rewards for a message's completions, each as this node trains it."""
+        texts = msg.completions
+        if self.prepare is not None:
+            texts = tuple(
+                self.prepare(c, f) for c, f in zip(msg.completions, msg.finished, strict=True)
+            )
+        return tuple(r.reward for r in self.scorer.score(task, texts))
 
     def _check_own_clock(self, author: str, now: float, ahead_s: float) -> None:
         """Warn when groups from several peers come from the future: one peer ahead is that

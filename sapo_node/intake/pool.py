@@ -36,6 +36,11 @@ task, compared the question and scored every completion with its own verifier
   pool unused; a group already too old on arrival is the intake's ``too_old``),
   ``evicted_quota`` and ``evicted_full``. Every peer's group ends in exactly one count.
 
+A group may be pooled before it is scored (``rewards`` None), by a node whose rule keeps J
+at 0: scoring every peer's group costs as much as the peer's generation did, and one
+never drawn gives nothing for it. Such a group is scored (``unscored``, ``set_rewards``)
+before any draw that could take it, and no draw takes one unscored.
+
 Sampling takes groups out (a node trains on each group once). Policies are pure
 functions of the candidates, behind one signature:
 
@@ -91,18 +96,19 @@ class PooledGroup:
 
     ``received``: when it entered the pool (this node's clock, seconds; it ages from
     ``group.created_ms`` or from this, whichever is earlier: ``Pool``);
-    ``received_round``: this node's round then (``Pool.round_clock``; None if unknown).
+    ``received_round``: this node's round then (``Pool.round_clock``; None if unknown);
+    ``rewards``: None while it waits to be scored (the module's docstring).
     """
 
     group: RolloutGroup
     author: str
-    rewards: tuple[float, ...]
+    rewards: tuple[float, ...] | None
     received: float = 0.0
     received_round: int | None = None
 
     @property
     def has_signal(self) -> bool:
-        return len(set(self.rewards)) > 1
+        return self.rewards is not None and len(set(self.rewards)) > 1
 
 
 @dataclass(frozen=True)
@@ -112,13 +118,14 @@ class Candidate:
     key: int
     author: str
     family: str
-    spread: float  # population std of the rewards; 0 means no GRPO signal
+    spread: float | None  # population std of the rewards; 0: no GRPO signal; None: unscored
     received: float
     need: float = 1.0  # this node's recent failure rate on the family (``sample_teaching``)
+    config: str = ""  # the task's canonical config: which level of its family
 
     @property
     def has_signal(self) -> bool:
-        return self.spread > 0.0
+        return self.spread is not None and self.spread > 0.0
 
 
 SamplingPolicy = Callable[[Sequence[Candidate], int, random.Random], list[int]]
@@ -287,7 +294,8 @@ CREATE TABLE IF NOT EXISTS groups (
     size INTEGER NOT NULL,
     message BLOB NOT NULL,
     received_round INTEGER,
-    born REAL
+    born REAL,
+    config TEXT
 );
 CREATE INDEX IF NOT EXISTS groups_author ON groups (author, key);
 CREATE INDEX IF NOT EXISTS groups_received ON groups (received);
@@ -400,23 +408,29 @@ class Pool:
             # of a group that is sent again after max_age_s.
             self._expire(now)
             self._db.execute("INSERT OR REPLACE INTO seen VALUES (?, ?)", (digest, now))
-            cand_fields = (item.author, item.group.ref.family, reward_spread(item.rewards), now)
+            ref, rewards = item.group.ref, item.rewards
+            spread = None if rewards is None else reward_spread(rewards)
             cur = self._db.execute(
                 "INSERT OR IGNORE INTO groups (digest, author, family, spread, received, "
-                "rewards, size, message, received_round, born) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "rewards, size, message, received_round, born, config) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     digest,
-                    *cand_fields,
-                    json.dumps(list(item.rewards)),
+                    item.author,
+                    ref.family,
+                    0.0 if spread is None else spread,  # the column predates unscored groups
+                    now,
+                    json.dumps(None if rewards is None else list(rewards)),
                     len(data),
                     bytes(data),
                     self.round_clock(),
                     min(item.group.created_ms / 1000.0, now),  # ages from here (docstring)
+                    ref.config_json,
                 ),
             )
             if cur.rowcount:
-                self._remember(Candidate(cur.lastrowid, *cand_fields), len(data))
+                cand = Candidate(cur.lastrowid, item.author, ref.family, spread, now)
+                self._remember(replace(cand, config=ref.config_json), len(data))
                 self._count(item.author, ACCEPTED)
             self._evict(item.author)
             self._flush_counts()
@@ -437,37 +451,32 @@ class Pool:
         exclude: Collection[str] = (),
         together: Collection[str] = (),
         need: Mapping[str, float] | None = None,
+        prefer: Collection[tuple[str, str]] = (),
     ) -> list[PooledGroup]:
-        """Take up to ``count`` groups out, chosen by the sampling policy; with
+        """Take up to ``count`` scored groups out, chosen by the sampling policy; with
         ``per_author``, at most that many from any one author (the policy's order, the
         rest skipped), the authors in ``together`` counted as one, and none from the
         authors in ``exclude`` (they stay pooled). ``need``: this node's failure rate
-        per family, for the policies that weigh it (``Candidate.need``; 1 if absent)."""
+        per family, for the policies that weigh it (``Candidate.need``; 1 if absent).
+        ``prefer``: (family, config) pairs, the task levels drawn from first; the rest
+        only fill what those could not."""
         self.last_capped = 0
         if count <= 0:
             return []
         with self._lock, self._consistent():
             self._expire(self.clock())
-            cands = [c for c in self._index.values() if c.author not in exclude]
+            cands = [
+                c for c in self._index.values() if c.author not in exclude and c.spread is not None
+            ]
             if need is not None:
                 cands = [replace(c, need=need.get(c.family, 1.0)) for c in cands]
-            policy = POLICIES[self.sampling]
-            capped = 0
-            if per_author is None or per_author >= count:
-                keys = policy(cands, count, rng)
-            else:
-                keys, taken = [], Counter()
-                for key in policy(cands, len(cands), rng):
-                    author = self._index[key].author
-                    who = _TOGETHER if author in together else author
-                    if taken[who] < per_author:
-                        taken[who] += 1
-                        keys.append(key)
-                    else:
-                        capped += 1
-                    if len(keys) == count:
-                        break
-            self.last_capped = capped
+            first = [c for c in cands if (c.family, c.config) in prefer]
+            rest = [c for c in cands if (c.family, c.config) not in prefer] if first else cands
+            taken: Counter[object] = Counter()
+            keys: list[int] = []
+            for tier in (first, rest):
+                if tier and len(keys) < count:
+                    keys += self._choose(tier, count - len(keys), rng, per_author, together, taken)
             out = []
             for key in keys:
                 author, rewards, received, received_round, message = self._db.execute(
@@ -484,6 +493,82 @@ class Pool:
                 out.append(PooledGroup(group, author, scored, received, received_round))
             self._flush_counts()
             return out
+
+    def _choose(
+        self,
+        cands: Sequence[Candidate],
+        count: int,
+        rng: random.Random,
+        per_author: int | None,
+        together: Collection[str],
+        taken: Counter[object],
+    ) -> list[int]:
+        """The policy's pick of ``count`` keys, at most ``per_author`` an author counting
+        what ``taken`` already holds (updated); adds the groups the cap held back to
+        ``last_capped``."""
+        policy = POLICIES[self.sampling]
+        if per_author is None or (per_author >= count and not taken):
+            keys = policy(cands, count, rng)
+            for key in keys:
+                taken[self._author_key(key, together)] += 1
+            return keys
+        keys = []
+        for key in policy(cands, len(cands), rng):
+            who = self._author_key(key, together)
+            if taken[who] < per_author:
+                taken[who] += 1
+                keys.append(key)
+            else:
+                self.last_capped += 1
+            if len(keys) == count:
+                break
+        return keys
+
+    def _author_key(self, key: int, together: Collection[str]) -> object:
+        author = self._index[key].author
+        return _TOGETHER if author in together else author
+
+    def unscored(self, exclude: Collection[str] = ()) -> list[tuple[int, PooledGroup]]:
+        """The pooled groups not scored yet (none from the authors in ``exclude``), oldest
+        first, with their keys for ``set_rewards``."""
+        with self._lock, self._consistent():
+            self._expire(self.clock())
+            keys = [
+                k for k, c in self._index.items() if c.spread is None and c.author not in exclude
+            ]
+            out = []
+            for key in keys:
+                author, received, received_round, message = self._db.execute(
+                    "SELECT author, received, received_round, message FROM groups WHERE key = ?",
+                    (key,),
+                ).fetchone()
+                group = wire.decode(message)
+                if isinstance(group, wire.Rejection):  # written by an older version of us
+                    log.warning("dropping an unreadable pooled group", reason=group.reason)
+                    self._delete([key])
+                    continue
+                out.append((key, PooledGroup(group, author, None, received, received_round)))
+            return out
+
+    def set_rewards(self, key: int, rewards: Sequence[float]) -> None:
+        """This node's rewards for a group pooled unscored (gone meanwhile: nothing)."""
+        with self._lock, self._consistent():
+            cand = self._index.get(key)
+            if cand is None:
+                return
+            spread = reward_spread(rewards)
+            self._db.execute(
+                "UPDATE groups SET rewards = ?, spread = ? WHERE key = ?",
+                (json.dumps(list(rewards)), spread, key),
+            )
+            self._index[key] = replace(cand, spread=spread)
+
+    def drop(self, key: int, outcome: str) -> None:
+        """Remove a pooled group that cannot be used after all, counted as ``outcome``."""
+        with self._lock, self._consistent():
+            if key in self._index:
+                self._delete([key], outcome)
+                self._flush_counts()
 
     # --- state ----------------------------------------------------------------------------
 
@@ -542,10 +627,11 @@ class Pool:
         self._index.clear()
         self._held.clear()
         self._author_bytes.clear()
-        for key, author, family, spread, received, size in self._db.execute(
-            "SELECT key, author, family, spread, received, size FROM groups ORDER BY key"
+        for key, author, family, spread, received, size, config in self._db.execute(
+            "SELECT key, author, family, CASE WHEN rewards = 'null' THEN NULL ELSE spread END, "
+            "received, size, COALESCE(config, '') FROM groups ORDER BY key"
         ):
-            self._remember(Candidate(key, author, family, spread, received), size)
+            self._remember(Candidate(key, author, family, spread, received, config=config), size)
 
     def _remember(self, cand: Candidate, size: int) -> None:
         self._index[cand.key] = cand
@@ -577,8 +663,9 @@ class Pool:
             self._delete([next(iter(self._held[largest]))], "evicted_full")
 
     def _drawable(self, c: Candidate) -> bool:
-        """Whether the sampling policy could take this group (``uniform`` takes any)."""
-        return c.has_signal or self.sampling == "uniform"
+        """Whether the sampling policy could take this group (``uniform`` takes any; an
+        unscored one might have had signal)."""
+        return c.spread is None or c.has_signal or self.sampling == "uniform"
 
     def _expire(self, now: float) -> None:
         cutoff = now - self.max_age_s
@@ -670,6 +757,8 @@ def _connect(where: str) -> sqlite3.Connection:
             db.execute("ALTER TABLE groups ADD COLUMN received_round INTEGER")
         if "born" not in columns:  # written before groups aged from their creation
             db.execute("ALTER TABLE groups ADD COLUMN born REAL")
+        if "config" not in columns:  # written before draws could prefer a level
+            db.execute("ALTER TABLE groups ADD COLUMN config TEXT")
         db.execute("CREATE INDEX IF NOT EXISTS groups_age ON groups (COALESCE(born, received))")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.isolation_level = ""  # "with db:" makes one transaction

@@ -311,18 +311,23 @@ class TrainSection(_Section):
         ge=0,
         le=4096,
         description="The most peers' groups a round takes when external_by chooses J (I + J "
-        "staying local_groups + external_groups). Unset: one fewer than I + J under "
-        "format (3 of the default 2 + 2), I + J under signal.",
+        "staying local_groups + external_groups), below I + J: a round keeps an own group "
+        "to measure. Unset: one fewer than I + J (3 of the default 2 + 2). Under signal, I + "
+        "J is still read (files of past runs set it) as one fewer.",
     )
-    external_by: Literal["format", "signal", "fixed"] = Field(
+    external_by: Literal["format", "signal", "skill", "fixed"] = Field(
         "format",
         description="What chooses J each round: J = external_max x (1 - a moving rate of this "
-        "node's own rounds). format: the share of own completions with an answer between "
-        "the tags, so that a node takes peers' groups while it learns the answer format and "
-        "trains on its own once it has it (measured: docs/results/families-confirm-cpu/). "
-        "signal: the share of own groups with signal (measured: no gain over a fixed J, "
-        "docs/results/teaching-cpu/). fixed: J is external_groups every round. With "
-        "external_groups = 0 a node takes none, whatever this says. A node alone takes none.",
+        "node's own rounds), rising by at most 1 a round. format: the share of own finished "
+        "completions with an answer between the tags, so that a node takes peers' groups "
+        "while it learns the answer format and trains on its own once it has it (measured: "
+        "docs/results/families-confirm-cpu/). signal: the share of own groups with signal "
+        "(measured, with a lock-in since fixed: no gain over a fixed J, "
+        "docs/results/teaching-cpu/). skill: the own mean reward at each family's current "
+        "curriculum level, from none at a level not yet shown, so J reopens when a family "
+        "moves up, and the draw prefers peers' groups at those levels (not measured yet). "
+        "fixed: J is external_groups every round. With external_groups = 0 a node takes "
+        "none, whatever this says. A node alone takes none.",
     )
     external_use: Literal["text", "answers", "tasks"] = Field(
         "text",
@@ -410,9 +415,11 @@ class TrainSection(_Section):
         total = self.local_groups + self.external_groups
         if self.external_by == "fixed" or self.external_groups == 0:
             return None
-        if self.external_max is not None:
-            return self.external_max
-        return total - 1 if self.external_by == "format" and total > 1 else total
+        if total == 1:
+            return self.external_max if self.external_max is not None else total
+        # A round keeps an own group to measure: with none, the rate that chooses J
+        # would never move again (J stuck at its bound).
+        return min(total - 1, total if self.external_max is None else self.external_max)
 
     def unchecked_tokens(self, lora: bool) -> int:
         """``checkpoint_above_tokens``, its default resolved for full fine-tuning or LoRA."""
@@ -434,16 +441,22 @@ class TrainSection(_Section):
                 "external_max needs external_groups above 0: with J = 0 a node takes "
                 "nothing from peers (or set external_by = 'fixed')"
             )
-        if bound is not None and bound > total:
+        if bound is not None and self.external_max is not None and self.external_max > total:
             raise ValueError(
-                f"external_max ({bound}) must be at most local_groups + external_groups "
-                f"({total}): J is part of a round's I + J (or set external_by = 'fixed')"
+                f"external_max ({self.external_max}) must be at most local_groups + "
+                f"external_groups ({total}): J is part of a round's I + J (or set "
+                "external_by = 'fixed')"
             )
-        if self.external_by == "format" and bound is not None and bound >= total and total > 1:
+        if (
+            self.external_by in ("format", "skill")
+            and self.external_max is not None
+            and self.external_max >= total > 1
+        ):
             raise ValueError(
-                f"external_by = 'format' needs external_max ({bound}) below local_groups + "
-                f"external_groups ({total}): a round with no own group shows no answer "
-                "format, and J would stay put (or set external_by = 'fixed')"
+                f"external_by = {self.external_by!r} needs external_max "
+                f"({self.external_max}) below local_groups + external_groups ({total}): a "
+                "round with no own group measures nothing, and J would stay put (or set "
+                "external_by = 'fixed')"
             )
         if self.external_completions == 1:
             raise ValueError(

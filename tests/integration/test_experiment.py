@@ -67,7 +67,10 @@ def test_experiment_runs_stops_resumes_and_reports(
     out = tmp_path / "out"
     stop = threading.Event()
 
+    messages: list[str] = []
+
     def stop_in_2_2(message: str) -> None:
+        messages.append(message)
         if message.startswith("2/2 node 0 round 0"):
             stop.set()
 
@@ -127,9 +130,12 @@ def test_experiment_runs_stops_resumes_and_reports(
     assert (out / "reward_curves.png").stat().st_size > 0
     assert (out / "heldout.png").stat().st_size > 0
 
-    # node i's start evaluation ran once and every configuration holds the same
+    # the untrained model was evaluated once, not once per node or configuration: every
+    # node of every configuration holds that one evaluation
+    assert sum("held-out eval after 0 rounds" in m for m in messages) == 1
+    (kept_file,) = (out / "start-eval").glob("*.json")
+    kept = json.loads(kept_file.read_text())
     for i in range(2):
-        kept = json.loads((out / "start-eval" / f"node-{i}.json").read_text())
         for a in arms(spec):
             assert _rows(out / a.dirname / f"node-{i}" / "eval.jsonl")[0] == kept
     # a finished swarm's metrics and evaluations, without checkpoints, count as finished
@@ -174,7 +180,8 @@ def test_experiment_files_and_bad_specs(tiny_model_dir: Path, tmp_path: Path) ->
     assert [a.label for a in adaptive] == ["3/1 adaptive 3", "3/1 adaptive 4"]
     assert [a.dirname for a in adaptive] == ["3-1-adaptive-3", "3-1-adaptive-4"]
     train = node_config(spec, adaptive[1], 0, tmp_path).train
-    assert (train.local_groups, train.external_groups, train.j_bound()) == (3, 1, 4)
+    # A round keeps an own group to measure: signal reads a bound of I + J as one fewer.
+    assert (train.local_groups, train.external_groups, train.j_bound()) == (3, 1, 3)
     assert node_config(spec, arms(spec)[0], 0, tmp_path).train.j_bound() is None  # fixed
     with pytest.raises(ConfigError, match="adaptive bounds"):
         load_spec(good, {"experiment": {"adaptive": [5]}})  # more than I + J = 4

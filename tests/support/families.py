@@ -74,3 +74,20 @@ class PrivateData:
 
     def score(self, task: Task, completion: str) -> float:
         return 1.0 if completion.strip() == task.answer else 0.0
+
+
+class Levelled:
+    """Sevens in two levels (the task config's ``level``): at level 0 every completion
+    scores 1, a level any node has learnt; at level 1 a tenth plus the share of sevens,
+    which a random tiny model barely earns (and never nothing, so the curriculum holds)."""
+
+    def make(self, ref: TaskRef) -> Task:
+        return Task(ref, f"Write sevens ({ref.index}).", "7777")
+
+    def score(self, task: Task, completion: str) -> float:
+        import json
+
+        if json.loads(task.ref.config_json).get("level", 0) == 0:
+            return 1.0
+        text = completion.strip()
+        return 0.1 + 0.9 * (text.count("7") / len(text) if text else 0.0)

@@ -355,3 +355,75 @@ def test_the_round_clock_follows_rounds_not_the_machine() -> None:
     start = clock.now()
     clock.round = 11
     assert clock.now() - start == 330.0  # past a 300 s pool age: 11 rounds, on any machine
+
+
+def _timed(compute: list[float], greedy_at: dict[int, float]) -> dict:
+    """A node with these compute-seconds per round and greedy accuracy at these rounds."""
+    rows = [
+        {"round": r, "reward/mean": 0.5, "compute_s": c, "family_level/a": 1 + (r > 1)}
+        for r, c in enumerate(compute)
+    ]
+    evals = [
+        {"round": k, "eval/greedy": g, "eval/pass1": g, "eval/answer_tag_rate": 1.0}
+        for k, g in greedy_at.items()
+    ]
+    return node_summary(rows, evals, len(compute), {"50%": 0.5})
+
+
+def test_time_to_accuracy_pairs_nodes_and_counts_a_node_that_never_got_there() -> None:
+    from sapo_node.experiment.analysis import time_to_accuracy_summary
+
+    fast = _timed([1.0, 2.0, 4.0, 8.0], {0: 0.1, 2: 0.6, 4: 0.7})  # there after 3 s
+    never = _timed([1.0, 1.0, 1.0, 1.0], {0: 0.1, 2: 0.2, 4: 0.4})  # 4 s spent, no more
+    slow = _timed([2.0, 2.0, 2.0, 2.0], {0: 0.1, 2: 0.2, 4: 0.5})  # there after 8 s
+    assert fast["time_to_accuracy"]["50%"] == {
+        "threshold": 0.5,
+        "round": 2,
+        "compute_s": 3.0,
+        "spent": 15.0,
+    }
+    assert never["time_to_accuracy"]["50%"]["compute_s"] is None
+    assert fast["final_levels"] == {"a": 2}
+    t = time_to_accuracy_summary([fast, fast], [slow, never])["50%"]
+    assert t["reached"] == 2 and t["base_reached"] == 1
+    assert t["diff_compute_s"] == [3.0 - 8.0, 3.0 - 4.0]  # the one never there: its 4 s
+    assert t["ratio"] == pytest.approx(3.0 / 6.0) and t["pairs_faster"] == 2
+    assert t["p"] == 0.5  # two pairs: the smallest p there is
+    # without a threshold the summary is what it always was (old reports rewrite alike)
+    plain = node_summary([{"round": 0, "reward/mean": 1.0}], [], 1)
+    assert "time_to_accuracy" not in plain and "heldout_curve" not in plain
+
+
+def test_the_confirmatory_count_is_printed_only_where_the_spec_gives_it() -> None:
+    nodes = [_node([0.5, 0.5], [1, 0])]
+    base = {"experiment": {"grid": ["2/0", "1/1"], "nodes": 1, "rounds": 2}}
+    spec = ExperimentSpec.model_validate(base)
+    table = render_table(analyse(spec, {"2/0": nodes, "1/1": nodes}))
+    assert "Confirmatory" not in table
+    base["experiment"] |= {"confirmatory_runs_on_question": 6, "question": "does it?"}
+    table = render_table(analyse(ExperimentSpec.model_validate(base), {"2/0": nodes}))
+    assert (
+        "- Confirmatory (pre-registered) runs made on this question (does it?): 6. Read "
+        "each p against them: p < 0.05 over 6 tries holds after a Bonferroni correction "
+        "only below 0.0083." in table
+    )
+
+
+def test_the_untrained_model_is_keyed_by_what_its_evaluation_depends_on() -> None:
+    from pathlib import Path
+
+    from sapo_node.experiment import arms, node_config, start_eval_key
+
+    spec = ExperimentSpec.model_validate({"experiment": {"grid": ["4/0", "2/2"]}})
+    a, b = arms(spec)
+    out = Path("/nonexistent")
+    key = start_eval_key(node_config(spec, a, 0, out))
+    # other node seeds and configurations: the same untrained model, the same evaluation
+    assert {start_eval_key(node_config(spec, x, i, out)) for x in (a, b) for i in range(3)} == {key}
+    other = ExperimentSpec.model_validate({"experiment": {"grid": ["4/0"]}, "eval": {"seed": 1}})
+    assert start_eval_key(node_config(other, arms(other)[0], 0, out)) != key
+    lora = ExperimentSpec.model_validate(
+        {"experiment": {"grid": ["4/0"]}, "base": {"model": {"lora": {"enabled": True}}}}
+    )
+    keys = {start_eval_key(node_config(lora, arms(lora)[0], i, out)) for i in range(2)}
+    assert len(keys) == 2  # a LoRA adapter starts from its node seed
