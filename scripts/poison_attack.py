@@ -93,6 +93,7 @@ ROUND_KEYS = (
     "train/j_unfilled_expired",  # J slots own groups took: peers' groups had aged out
     "train/external_target",  # the J the round chose
     "rollout/answer_tag_rate",  # own completions with an answer between the tags
+    "rollout/answer_tag_rate_finished",  # the same of those that finished (None: none did)
     "train/own_format_rate",  # its moving average, which chooses J under "format"
 )
 

@@ -10,8 +10,8 @@ from typing import Any
 def format_summary(rounds: list[dict[str, Any]], j_bound: int | None) -> dict[str, Any] | None:
     """What the shape-format class aims at, per node: the J each round chose (mean, and
     the share of rounds at ``j_bound``, the most it may be), the node's own answer-format
-    rate, the share of its own completions that ended before ``max_new_tokens`` (when the
-    rounds recorded it) and its reward, over all rounds and the last tenth (None: a run
+    rate (of all its completions, and of those that ended before ``max_new_tokens``), the
+    share that ended (the means of the rounds that recorded them) and its reward, over all rounds and the last tenth (None: a run
     made before the rounds recorded J).
 
     >>> rows = [{"node": 0, "round": r, "train/external_target": j, "rollout/answer_tag_rate": f,
@@ -25,7 +25,11 @@ def format_summary(rounds: list[dict[str, Any]], j_bound: int | None) -> dict[st
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs)
 
-    def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+    def mean_known(xs: list[float | None]) -> float | None:
+        known = [x for x in xs if x is not None]
+        return mean(known) if known else None
+
+    def figures(rows: list[dict[str, Any]]) -> dict[str, float | None]:
         last = max(x["round"] for x in rows)
         tail = [x for x in rows if x["round"] > last - max(1, (last + 1) // 10)]
         js = [x["train/external_target"] for x in rows]
@@ -35,9 +39,11 @@ def format_summary(rounds: list[dict[str, Any]], j_bound: int | None) -> dict[st
             "j_last_tenth": mean([x["train/external_target"] for x in tail]),
             "format_rate": mean([x["rollout/answer_tag_rate"] for x in rows]),
             "format_rate_last_tenth": mean([x["rollout/answer_tag_rate"] for x in tail]),
-            "finished_rate": mean([x["finished_rate"] for x in rows])
-            if all(x.get("finished_rate") is not None for x in rows)
-            else None,
+            "finished_rate": mean_known([x.get("finished_rate") for x in rows]),
+            # what J reads since it counts finished completions only (None: none finished)
+            "format_rate_finished": mean_known(
+                [x.get("rollout/answer_tag_rate_finished") for x in rows]
+            ),
             "reward": mean([x["reward/mean"] for x in rows]),
             "reward_last_tenth": mean([x["reward/mean"] for x in tail]),
         }
