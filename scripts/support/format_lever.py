@@ -11,8 +11,8 @@ def format_summary(rounds: list[dict[str, Any]], j_bound: int | None) -> dict[st
     """What the shape-format class aims at, per node: the J each round chose (mean, and
     the share of rounds at ``j_bound``, the most it may be), the node's own answer-format
     rate (of all its completions, and of those that ended before ``max_new_tokens``), the
-    share that ended (the means of the rounds that recorded them) and its reward, over all rounds and the last tenth (None: a run
-    made before the rounds recorded J).
+    share that ended (means of the rounds that recorded them) and its reward, over all
+    rounds and the last tenth (None: a run made before the rounds recorded J).
 
     >>> rows = [{"node": 0, "round": r, "train/external_target": j, "rollout/answer_tag_rate": f,
     ...          "reward/mean": f / 2} for r, (j, f) in enumerate([(2, 0.5), (3, 0.0)])]
