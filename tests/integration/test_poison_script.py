@@ -151,3 +151,12 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir, capsys) -> None:
     assert {"attacker-0", "attacker-1"} <= set(peers)  # each identity its own record
     for attacker in (peers["attacker-0"], peers["attacker-1"]):
         assert attacker["completions_checked"] > 0 and attacker["completions_outside_answer"] > 0
+
+
+def test_the_format_figures_doctest() -> None:
+    import doctest
+
+    from scripts.support import format_lever
+
+    result = doctest.testmod(format_lever)
+    assert result.failed == 0 and result.attempted > 0
