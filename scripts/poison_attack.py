@@ -9,6 +9,10 @@ published in round r is delivered. Each honest node is a victim of the attacker 
 honest peer of the others. With ``--identities K`` the attacker is K peers (a Sybil
 attack), each with its own author name (``attacker-k``), seed and ``--groups`` a round:
 each identity alone stays under the per-peer share cap and the reputation's counts.
+``--attack shape-format`` sends no payload: its groups are shaped to lower the nodes' own
+answer-format rate, and so raise the peers' groups they take each round (J, under
+``train.external_by = "format"``); ``--attack honest`` is the same peer without the
+shaping, its baseline (tests/support/poison.py says how each is built).
 
 Measured, per node and overall:
 
@@ -18,6 +22,10 @@ Measured, per node and overall:
   start, every ``--eval-every`` rounds and at the end;
 - what the defences refused, by reason, of the attacker's completions and of the honest
   peers' (the nodes' pools count both: ``sapo-node pool`` shows the same table).
+- J and the answer format (``summarise``'s ``format``): per node, the J each round chose
+  (``train/external_target``; its mean, and the share of rounds at the most it may be),
+  the share of the node's own completions in the answer format
+  (``rollout/answer_tag_rate``) and its reward, over all rounds and the last tenth;
 - the J slots own groups took because peers' groups had aged out of the pool first
   (``train/j_unfilled_expired``: rounds slower than ``pool.max_age_s``), per round and
   in all: a run with any ran another J than the one set.
@@ -39,6 +47,8 @@ Usage (docs/security.md has the commands and the results):
     python scripts/poison_attack.py --out DIR --defences off --rounds 40
     python scripts/poison_attack.py --out DIR --defences on --rounds 40
     python scripts/poison_attack.py --out DIR --defences on --identities 16 --groups 1
+    python scripts/poison_attack.py --out DIR --defences on --attack shape-format \
+        --set 'train.external_by="format"'
     python scripts/poison_attack.py summarise DIR [DIR ...]   # report.json again
 """
 
@@ -61,7 +71,14 @@ from sapo_node.intake import wire  # noqa: E402
 from sapo_node.intake.defence import CHECKED  # noqa: E402
 from sapo_node.net.memory import MemoryHub  # noqa: E402
 from sapo_node.ops.lifecycle import cap_kernel_caches, fix_mmap_threshold  # noqa: E402
-from tests.support.poison import DEFAULT_PAYLOAD, PoisonPeer, carries  # noqa: E402
+from scripts.support.format_lever import format_summary  # noqa: E402
+from tests.support.poison import (  # noqa: E402
+    ATTACKS,
+    DEFAULT_PAYLOAD,
+    FORMAT_PREAMBLE,
+    PoisonPeer,
+    carries,
+)
 
 ATTACKER = "attacker"
 OBSERVER = "observer"
@@ -74,6 +91,10 @@ ROUND_KEYS = (
     "groups/trained",
     "phase_s/round",
     "train/j_unfilled_expired",  # J slots own groups took: peers' groups had aged out
+    "train/external_target",  # the J the round chose
+    "rollout/answer_tag_rate",  # own completions with an answer between the tags
+    "rollout/answer_tag_rate_finished",  # the same of those that finished (None: none did)
+    "train/own_format_rate",  # its moving average, which chooses J under "format"
 )
 
 
@@ -84,7 +105,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--nodes", type=int, default=2, help="honest nodes")
     p.add_argument("--ratio", default="2/2", help="I/J of the honest nodes")
-    p.add_argument("--payload", default=DEFAULT_PAYLOAD)
+    p.add_argument(
+        "--attack",
+        choices=ATTACKS,
+        default="payload",
+        help="payload: right completions carry --payload; shape-format: groups shaped to "
+        "lower the nodes' answer-format rate (--payload is then the right completions' "
+        "preamble); honest: the same groups unshaped (tests/support/poison.py)",
+    )
+    p.add_argument(
+        "--payload",
+        help=f"default {DEFAULT_PAYLOAD!r}; with --attack shape-format or honest "
+        f"{FORMAT_PREAMBLE!r} (honest sends none: its rate is the baseline's)",
+    )
     p.add_argument("--position", choices=["suffix", "prefix"], default="prefix")
     p.add_argument("--accuracy", type=float, default=0.5, help="the attacker's, per completion")
     p.add_argument(
@@ -120,6 +153,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="override a node config key, e.g. train.lr=1e-4 (repeatable)",
     )
     args = p.parse_args(argv)
+    if args.payload is None:
+        args.payload = DEFAULT_PAYLOAD if args.attack == "payload" else FORMAT_PREAMBLE
+    if args.attack != "payload" and args.position != "prefix":
+        p.error("--position is where a payload goes: --attack payload only")
     if args.identities < 1 or args.groups < 1:
         p.error("--identities and --groups must be at least 1")
     return args
@@ -204,6 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     configs = node_configs(args)
     run_facts = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     run_facts["completions_per_task"] = configs[0].generation.completions_per_task
+    run_facts["j_bound"] = configs[0].train.j_bound()  # None: J fixed at --ratio's
     (args.out / "run.json").write_text(json.dumps(run_facts, indent=2) + "\n", encoding="utf-8")
     hub = MemoryHub()
     observer = hub.join(OBSERVER, per_author=4096, total=65536)
@@ -218,6 +256,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 accuracy=args.accuracy,
                 groups=args.groups,
                 position=args.position,
+                attack=args.attack,
             ),
             Deferred(hub.join(ATTACKER if args.identities == 1 else f"{ATTACKER}-{k}"), clock.now),
         )
@@ -281,11 +320,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for node in nodes:
                 node.transport.flush(r)
             own: dict[int, list[str]] = {i: [] for i in range(len(nodes))}
+            ended: dict[int, list[bool]] = {i: [] for i in range(len(nodes))}  # not truncated
             lines: list[dict[str, Any]] = []
             for message in observer.received():
                 if message.author in names:
                     group = wire.decode(message.data)
                     own[names[message.author]] += list(group.completions)
+                    ended[names[message.author]] += [
+                        k not in group.unfinished for k in range(len(group.completions))
+                    ]
             for i, (node, rec) in enumerate(zip(nodes, records, strict=True)):
                 line = {
                     "node": i,
@@ -293,6 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "payload_rate": payload_share(own[i], args.payload),
                     "payload_logprob": probe.logprob(node),
                     "completions": len(own[i]),
+                    "finished_rate": sum(ended[i]) / len(ended[i]) if ended[i] else None,
                     "examples": own[i][:: max(1, len(own[i]) // 4)][:4],
                     **{k: rec[k] for k in ROUND_KEYS},
                 }
@@ -304,6 +348,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 + " ".join(f"{payload_share(own[i], args.payload):.3f}" for i in own)
                 + " log-prob "
                 + " ".join(f"{x['payload_logprob']:.2f}" for x in lines)
+                + " J "
+                + " ".join(str(x["train/external_target"]) for x in lines)
+                + " format "
+                + " ".join(f"{x['rollout/answer_tag_rate']:.2f}" for x in lines)
                 + f" ({time.perf_counter() - start:.1f} s)"
                 + "".join(
                     f"; node {x['node']}: J unfilled by {x['train/j_unfilled_expired']}, "
@@ -399,6 +447,7 @@ def summarise(out: Path) -> dict[str, Any]:
         if taken
         else None,
         "pool_counts": {k: dict(sorted(v.items())) for k, v in counts.items()},
+        "format": format_summary(rounds, run.get("j_bound")),
     }
 
 

@@ -53,19 +53,42 @@ def _argv(out: Path, model: Path, defences: str, *more: str) -> list[str]:
 def test_both_arms_run_and_report(tmp_path, tiny_model_dir, capsys) -> None:
     # Both arms as command lines of the script, in one process (tests/support/scripts.py:
     # its start-up costs more than an arm here); the second defended against two
-    # identities (a Sybil attacker), 2 groups a round each.
+    # identities (a Sybil attacker), 2 groups a round each. A third run, one node, sends
+    # the shape-format class, J chosen by the answer format as by default.
+    shaped = [
+        "--out", str(tmp_path / "shape"), "--defences", "on", "--model", str(tiny_model_dir),
+        "--rounds", "2", "--nodes", "1", "--eval-every", "0", "--attack", "shape-format",
+        "--set", "eval.tasks=1", "--set", "eval.samples=1",
+        "--set", "generation.max_new_tokens=80", "--set", 'train.external_by="format"',
+    ]  # fmt: skip
     runs = [
         _argv(tmp_path / "off", tiny_model_dir, "off"),
         _argv(
             tmp_path / "on", tiny_model_dir, "on", "--identities", "2", "--groups", "2",
             "--keep-checkpoints",
         ),
+        shaped,
     ]  # fmt: skip
     results, stderr = run_in_one_process(SCRIPT, runs, tmp_path / "runs", REPO, timeout=240)
     for rc, out in results:
         assert rc == 0, out[-2000:] + stderr[-4000:]
-    off, on = (json.loads((tmp_path / arm / "report.json").read_text()) for arm in ("off", "on"))
-    assert [json.loads(out[out.index("\n{") :]) for _, out in results] == [off, on]
+    off, on, shape = (
+        json.loads((tmp_path / arm / "report.json").read_text()) for arm in ("off", "on", "shape")
+    )
+    assert [json.loads(out[out.index("\n{") :]) for _, out in results] == [off, on, shape]
+    # The shape-format run: the attacker's groups were taken, and the report has the J
+    # each round chose (at most 3 of I + J = 4), the format rate and the reward.
+    assert shape["attack"] == "shape-format" and shape["payload"] == "Answer:"
+    assert shape["pool_counts"]["attacker"]["accepted"] > 0
+    fmt = shape["format"]
+    assert fmt["j_bound"] == 3 and list(fmt["nodes"]) == ["0"]
+    node = fmt["nodes"]["0"]
+    assert 0 <= node["j_mean"] <= 3 and 0.0 <= node["j_at_max"] <= 1.0
+    assert 0.0 <= node["format_rate"] <= 1.0 and 0.0 <= node["reward"] <= 1.0
+    rows = [json.loads(x) for x in (tmp_path / "shape" / "rounds.jsonl").read_text().splitlines()]
+    assert rows[0]["train/external_target"] == 0  # round 0: nothing pooled yet
+    assert node["j_mean"] == sum(x["train/external_target"] for x in rows) / 2
+    assert off["format"]["j_bound"] is None  # J fixed at --ratio
     # Issue 47: only what the report reads stays, unless asked (a checkpoint a node, and
     # the model copy, filled a disk).
     for i in (0, 1):
@@ -75,6 +98,7 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir, capsys) -> None:
         assert latest.read_text().strip() == "round-000002"
     assert not (tmp_path / "off" / ".models").exists() and (tmp_path / "on" / ".models").is_dir()
     for report in (off, on):
+        assert report["format"]["j_at_max"] is None
         assert report["j_unfilled_expired"] == 0  # two quick rounds: nothing aged out
         assert 0.0 <= report["own_payload_rate_last_tenth"] <= 1.0
         assert 0.0 <= report["eval_payload_rate_end"] <= 1.0
@@ -127,3 +151,12 @@ def test_both_arms_run_and_report(tmp_path, tiny_model_dir, capsys) -> None:
     assert {"attacker-0", "attacker-1"} <= set(peers)  # each identity its own record
     for attacker in (peers["attacker-0"], peers["attacker-1"]):
         assert attacker["completions_checked"] > 0 and attacker["completions_outside_answer"] > 0
+
+
+def test_the_format_figures_doctest() -> None:
+    import doctest
+
+    from scripts.support import format_lever
+
+    result = doctest.testmod(format_lever)
+    assert result.failed == 0 and result.attempted > 0

@@ -33,7 +33,7 @@ from sapo_node.tasks import Scorer, Task, TaskRef, last_answer
 from sapo_node.train.policy import load_policy
 from sapo_node.train.trainer import Trainer
 from tests.support import poison as poison_module
-from tests.support.poison import PoisonPeer, carries, poison
+from tests.support.poison import FORMAT_PREAMBLE, PoisonPeer, carries, poison
 
 # The tiny model has a vocabulary of about 100 characters, where any token ranks below
 # 2**6.7; its bound is set lower than the default's 6 bits (for 49,152 tokens).
@@ -507,6 +507,73 @@ def test_the_attackers_groups_pass_every_intake_check(tmp_path) -> None:
     finally:
         scorer.close()
         pool.close()
+
+
+def test_shaped_format_groups_pass_every_check_and_teach_tags_only_where_the_node_is_not(
+    tmp_path,
+) -> None:
+    """The shape-format class (tests/support/poison.py): every group is accepted and its
+    right completions pass the checks of the screen, yet what it teaches of the format is
+    lopsided. The right answers (positive advantage) teach their tags only after a
+    preamble, never taught; the wrong ones (negative advantage, never checked) teach the
+    tags where a completion opens. The honest baseline is the same groups without the
+    preamble."""
+    from sapo_node.curriculum import Curriculum
+    from tests.support.tiny import build_tiny_model
+
+    config = Config.model_validate(
+        {"node": {"data_dir": str(tmp_path)}, "tasks": {"families": [ARITHMETIC]}}
+    )
+    pool = Pool(tmp_path / "pool.sqlite3")
+    scorer = Scorer()
+    try:
+        intake = Intake(
+            pool,
+            scorer,
+            known_configs=Curriculum(config.tasks.families, config.curriculum).known_configs(),
+        )
+        received = {}
+        for attack in ("shape-format", "honest"):
+            peer = PoisonPeer(config, seed=3, accuracy=0.5, groups=4, attack=attack,
+                              payload=FORMAT_PREAMBLE)  # fmt: skip
+            verdicts = [intake.receive(m, attack) for m in peer.round_messages(0)]
+            assert [v.outcome for v in verdicts] == ["accepted"] * 4
+            received[attack] = [(v.item.group, v.item.rewards) for v in verdicts]
+    finally:
+        scorer.close()
+        pool.close()
+    preamble = FORMAT_PREAMBLE + " "
+    for (shaped, rewards), (honest, same) in zip(*received.values(), strict=True):
+        assert shaped.ref == honest.ref and rewards == same and 0 < sum(rewards) < len(rewards)
+        for text, plain, reward in zip(
+            shaped.completions, honest.completions, rewards, strict=True
+        ):
+            assert plain.startswith("<answer>")  # the honest peer: every one bare
+            assert text == (preamble + plain if reward == 1.0 else plain)
+
+    path = build_tiny_model(tmp_path / "m")
+    policy = load_policy(
+        str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+    )
+    prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+    groups = [_group(policy, prompt, g.completions, r) for g, r in received["shape-format"]]
+    right = sum(r == 1.0 for _, rs in received["shape-format"] for r in rs)
+    # Ranks: every token a first choice (the tiny model cannot rank text; under the
+    # embedded model the preamble's worst window is 2-3 bits, docs/security.md).
+    d = Defence(DefenceSection(teach_first_choices=False), _first_choices, Counts(),
+                spans=policy.token_spans)  # fmt: skip
+    kept, screened = d.screen(_own(policy, prompt), groups)
+    assert screened == {CHECKED: right}  # nothing refused: 7 characters outside the answer
+    assert len(kept) == 4
+    for g in kept:
+        for ids, flags, text, reward in zip(
+            g.completion_ids, g.taught, g.texts, g.rewards, strict=True
+        ):
+            taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
+            assert taught == text.removeprefix(preamble)  # the tags and answer, no preamble
+            assert taught.startswith("<answer>")
+            # above the mean, the tags are taught after the preamble; below it, at the start
+            assert (reward == 1.0) == text.startswith(preamble)
 
 
 # Payloads of the in-style class (issue 35): short, in common words, before the answer,
