@@ -36,8 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net.process import Libp2pTransport
@@ -112,6 +113,22 @@ def wait_for(pred: Callable[[], object], timeout: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def first_readings(
+    names: Iterable[str], ready: Callable[[str], object], read: Callable[[str], Any], timeout: float
+) -> dict[str, Any]:
+    """Each name's first ``read`` once it is ``ready``, kept as each appears (a node that
+    moves on before the last one is ready keeps its first reading); those ready in time."""
+    first: dict[str, Any] = {}
+    names = list(names)
+
+    def all_read() -> bool:
+        first.update({n: read(n) for n in names if n not in first and ready(n)})
+        return len(first) == len(names)
+
+    wait_for(all_read, timeout)
+    return first
 
 
 def run(mode: str, find_s: float, deliver_s: float) -> dict[str, object]:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net.process import Libp2pTransport
-from tests.support.mdns_pair import lo_up, wait_for
+from tests.support.mdns_pair import first_readings, lo_up, wait_for
 from tests.support.namespaces import conclude, script_main
 from tests.support.nat_autonat import FIREWALL
 from tests.support.nat_swarm import VALID, Netns
@@ -109,16 +109,8 @@ def run(within: float) -> dict[str, object]:
             t0 = time.monotonic()
             start("fw1", "vps1", "/ip4/198.18.4.2/tcp/4141", [addr("pub")])
             start("fw2", "vps2", "/ip4/198.18.5.2/tcp/4141", [addr("pub")])
-            first: dict[str, list[object]] = {}  # each one's first reading, as it appears
-
-            def all_read() -> bool:
-                first.update(
-                    {n: reads(n) for n in members if n not in first and stat(n, "reachability")}
-                )
-                return len(first) == len(members)
-
-            wait_for(all_read, 10)
-            checks["at_start"] = {n: first[n] for n in firewalled}
+            first = first_readings(members, lambda n: stat(n, "reachability"), reads, 10)
+            checks["at_start"] = {n: first.get(n) for n in firewalled}
             private = wait_for(
                 lambda: all(reads(n) == ["private", "autonat"] for n in firewalled), within
             )

@@ -38,7 +38,7 @@ from pathlib import Path
 from sapo_node.config import NetSection, PoolSection
 from sapo_node.net import autonat
 from sapo_node.net.process import Libp2pTransport
-from tests.support.mdns_pair import lo_up, wait_for
+from tests.support.mdns_pair import first_readings, lo_up, wait_for
 from tests.support.namespaces import conclude, script_main
 from tests.support.nat_swarm import VALID, Netns, add_home, nat
 
@@ -117,16 +117,8 @@ def run(within: float, alone_s: float | None = None) -> dict[str, object]:
             t0 = time.monotonic()
             start("h1", "home1", "/ip4/0.0.0.0/tcp/4141", boot)
             start("h2", "home2", "/ip4/0.0.0.0/tcp/4141", boot)
-            first: dict[str, list[object]] = {}  # each one's first reading, as it appears
-
-            def all_read() -> bool:
-                first.update(
-                    {n: reads(n) for n in members if n not in first and stat(n, "reachability")}
-                )
-                return len(first) == len(members)
-
-            wait_for(all_read, 10)
-            checks["at_start"] = {n: first[n] for n in HOMES}
+            first = first_readings(members, lambda n: stat(n, "reachability"), reads, 10)
+            checks["at_start"] = {n: first.get(n) for n in HOMES}
             # pub's failed dial-back, then ALONE_S with nobody dialling in
             private = wait_for(
                 lambda: all(reads(n) == ["private", "autonat"] for n in HOMES), within
