@@ -78,7 +78,9 @@ def stratified(rewards: Sequence[float], k: int, rng: random.Random) -> dict[int
     completions it stands for: every distinct reward keeps ``a >= 1`` of its ``n``
     completions, drawn at random and weighted ``n / a``; the rest of ``k`` goes to the
     rewards by how many completions have them. Completions of one reward share one
-    advantage, so the weighted sample's gradient is the whole group's in expectation.
+    advantage, so the weighted sample's gradient is the whole group's in expectation,
+    before clipping: a clipped step (train.grad_clip) is not the clip of that expectation,
+    and one completion weighted up to n - 1 can set the gradient's norm.
     Fewer than ``k`` completions: all, weight 1. More rewards than ``k`` (partial rewards):
     ``k`` completions at random, each weighted ``len(rewards) / k``."""
     n = len(rewards)

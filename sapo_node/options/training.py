@@ -345,8 +345,9 @@ class TrainSection(_Section):
         le=4096,
         description="0: every completion of a peer's group trains. k: at most k of them, "
         "a sample stratified by reward (each reward at least once), each weighted by how "
-        "many of its reward it stands for: the group's gradient in expectation, for k "
-        "sequences' training instead of all of them (sapo_node/groups.py). At least 2.",
+        "many of its reward it stands for: the group's gradient in expectation before "
+        "clipping (grad_clip acts on the sampled gradient), for k sequences' training "
+        "instead of all of them (sapo_node/groups.py). At least 2.",
     )
     optimizer: Literal["adam", "adamw"] = Field("adamw", description="Optimiser.")
     optimizer_state: Literal["bfloat16", "float32"] = Field(
