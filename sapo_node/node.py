@@ -59,7 +59,7 @@ from sapo_node.groups import Group, training_set
 from sapo_node.intake import wire
 from sapo_node.intake.checks import Intake, Verdict
 from sapo_node.intake.defence import Defence, bare_answer, cut_after_answer
-from sapo_node.intake.demand import Mix, choose_external
+from sapo_node.intake.demand import OwnGroupStats, choose_external
 from sapo_node.intake.pool import Pool, PooledGroup
 from sapo_node.metrics import MetricsLog
 from sapo_node.net import NetStats, Transport
@@ -183,7 +183,7 @@ class Node:
         self._expired_before = self.pool.expired_drawable
         self.round = 0
         self.cumulative_reward = 0.0
-        self.mix = Mix()  # own groups' signal and per-family reward: J and the need
+        self.own_stats = OwnGroupStats()  # own groups' signal and per-family reward: J and the need
         # The last round that changed what a checkpoint holds: until it is counted
         # (self.round past it) a checkpoint would label its state as its start (save).
         self._changed_round: int | None = None
@@ -244,12 +244,12 @@ class Node:
                 raise Stopped
             # From here the round changes what a checkpoint holds until it is counted.
             self._changed_round = self.round
-            self.mix.observe(
+            self.own_stats.observe(
                 ((g.task.ref.family, g.rewards) for g in local),
                 format_rate=finished_format_rate(local),
                 levels=self.curriculum.level,  # the levels this round's tasks were set at
             )
-            self.mix.chose(j, pooled)
+            self.own_stats.chose(j, pooled)
             moves: Counter[str] = Counter()
             for g in local:
                 moves[g.task.ref.family] += self.curriculum.record(g.task.ref.family, g.rewards)
@@ -257,8 +257,8 @@ class Node:
         record.update(
             {
                 "train/external_target": j,
-                "train/own_signal_rate": self.mix.signal_rate,
-                "train/own_format_rate": self.mix.format_rate,
+                "train/own_signal_rate": self.own_stats.signal_rate,
+                "train/own_format_rate": self.own_stats.format_rate,
                 "train/own_skill": self._own_rate("skill")[0],
             }
         )
@@ -344,12 +344,12 @@ class Node:
         s = self.config.train
         rate, what = self._own_rate(s.external_by)
         return choose_external(
-            s.external_groups, s.j_bound(), rate, pooled, what, previous=self.mix.last_j
+            s.external_groups, s.j_bound(), rate, pooled, what, previous=self.own_stats.last_j
         )
 
     def _own_rate(self, by: str) -> tuple[float | None, str]:
         weights = {name: f.weight for name, f in self.curriculum.families.items()}
-        return self.mix.own_rate(by, self.curriculum.level, weights)
+        return self.own_stats.own_rate(by, self.curriculum.level, weights)
 
     def _take_external(self, r: int, count: int) -> list[PooledGroup]:
         """Up to ``count`` (J) groups from the pool, those pooled unscored scored first;
@@ -357,7 +357,7 @@ class Node:
         "skill"`` the groups at each family's current level come first: where this node
         is still learning."""
         rng = random.Random(f"{self.seed}:pool:{r}")
-        need = self.mix.need()
+        need = self.own_stats.need()
         d = self.defence
         exclude = d.distrusted_authors() if d is not None else set()
         prefer: set[tuple[str, str]] = set()
@@ -624,7 +624,7 @@ class Node:
             "seed": self.seed,
             "cumulative_reward": self.cumulative_reward,
             "curriculum": self.curriculum.state_dict(),
-            "mix": self.mix.state_dict(),
+            "mix": self.own_stats.state_dict(),  # the key checkpoints since 0.3.1 carry
             "metrics_offset": self.metrics.offset(),
             "fingerprint": self.config.fingerprint(),
             "sapo_node": __version__,
@@ -668,7 +668,7 @@ class Node:
         self.round = int(st["round"])
         self.cumulative_reward = float(st["cumulative_reward"])
         self.curriculum.load_state_dict(st["curriculum"])
-        self.mix.load_state_dict(st.get("mix", {}))  # absent before 0.3.1: starts afresh
+        self.own_stats.load_state_dict(st.get("mix", {}))  # absent before 0.3.1: starts afresh
         self.metrics.truncate(int(st["metrics_offset"]))
         self._changed_round = None  # the state is the checkpoint's
         log.info("resumed", round=self.round, checkpoint=str(path))

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> None:
         rec = node.run_round(0)  # nothing pooled: a round without intake
         node.round = 1
         groups = [wire.decode(m.data) for m in tap.received()]
-        node.mix.format_rate = 1.0  # it has the answer format: J 0
+        node.own_stats.format_rate = 1.0  # it has the answer format: J 0
         assert node._choose_j(pooled=1)[0] == 0
         timed: dict[bool, list[tuple[float, int]]] = {True: [], False: []}
         for k in range(2 * args.repeats):

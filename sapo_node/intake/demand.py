@@ -160,7 +160,7 @@ def formatted_share(flags: Iterable[tuple[bool, bool]]) -> float | None:
 
 
 @dataclass
-class Mix:
+class OwnGroupStats:
     """What this node has seen of its own groups: the moving share with signal, the
     moving share of finished completions in the answer format, the moving mean reward per
     family and per (family, level) (``skill``), and the J its rule chose last. Kept in the
@@ -209,7 +209,7 @@ class Mix:
         """Per family: 1 minus the moving mean reward, at least ``MIN_NEED``. A family
         not in it has not been tried here: ``Pool.sample`` gives it 1.
 
-        >>> m = Mix()
+        >>> m = OwnGroupStats()
         >>> m.observe([("sums", [1.0, 1.0]), ("primes", [0.0, 1.0])])
         >>> m.need()
         {'sums': 0.05, 'primes': 0.5}

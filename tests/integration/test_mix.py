@@ -104,9 +104,9 @@ def test_j_by_format_follows_the_moving_answer_format_rate(
     try:
         for r in range(6):
             if r == 2:  # as if node a had learned the format: it takes less, then none
-                nodes[0].mix.format_rate = 0.9
+                nodes[0].own_stats.format_rate = 0.9
             if r == 4:  # as if it had lost it at once: J climbs back one a round
-                nodes[0].mix.format_rate = 0.0
+                nodes[0].own_stats.format_rate = 0.0
             for k, n in enumerate(nodes):
                 rows[k].append(n.run_round(r))
                 n.round = r + 1
@@ -155,7 +155,7 @@ def test_while_j_is_0_peers_groups_are_pooled_unscored_until_a_round_may_draw_th
         for r in range(4):
             b.run_round(r)
             b.round = r + 1
-            a.mix.format_rate = 1.0 if r < 2 else 0.0  # has the format, then loses it
+            a.own_stats.format_rate = 1.0 if r < 2 else 0.0  # has the format, then loses it
             rows.append(a.run_round(r))
             a.round = r + 1
             if r < 2:
@@ -189,7 +189,7 @@ def test_j_by_skill_reopens_when_the_curriculum_moves_a_family_up(
     hub = MemoryHub()
     a, b = (_format_node(tiny_model_dir, tmp_path / n, s, **skill) for n, s in (("a", 1), ("b", 2)))
     a.transport, b.transport = hub.join("a"), hub.join("b")
-    a.mix.skill[(family, 0)] = 0.95  # as if it had practised level 0 for a while
+    a.own_stats.skill[(family, 0)] = 0.95  # as if it had practised level 0 for a while
     rows = []
     try:
         for r in range(5):

@@ -12,7 +12,7 @@ from sapo_node.intake import demand as mix_module
 from sapo_node.intake.demand import (
     MAX_RISE,
     MIN_NEED,
-    Mix,
+    OwnGroupStats,
     choose_external,
     formatted_share,
     j_from_rate,
@@ -41,7 +41,7 @@ def test_a_node_with_nothing_pooled_takes_nothing() -> None:
 
 
 def test_own_rounds_move_the_signal_rate_and_the_need() -> None:
-    m = Mix()
+    m = OwnGroupStats()
     flat, mixed = [0.0] * 4, [1.0, 0.0, 0.0, 0.0]
     m.observe([("a", flat), ("a", flat), ("b", mixed), ("b", flat)])
     assert m.signal_rate == 0.25
@@ -52,16 +52,16 @@ def test_own_rounds_move_the_signal_rate_and_the_need() -> None:
     assert m.need()["a"] == MIN_NEED
     m.observe([])  # a round with no own group (J took them all) changes nothing
     assert m.signal_rate == pytest.approx(0.5, abs=0.01)
-    again = Mix()
+    again = OwnGroupStats()
     again.load_state_dict(m.state_dict())
     assert again == m
-    fresh = Mix()
+    fresh = OwnGroupStats()
     fresh.load_state_dict({})  # a checkpoint from before the mix was kept
-    assert fresh == Mix()
+    assert fresh == OwnGroupStats()
 
 
 def test_the_format_rate_chooses_j_when_asked_and_survives_a_checkpoint() -> None:
-    m = Mix()
+    m = OwnGroupStats()
     flat = [0.0] * 4
     assert m.own_rate("format") == (None, "own finished completions in the answer format")
     m.observe([("a", flat)], format_rate=0.25)
@@ -78,7 +78,7 @@ def test_the_format_rate_chooses_j_when_asked_and_survives_a_checkpoint() -> Non
     assert choose_external(2, 4, m.own_rate("signal")[0], 10)[0] == 4  # by signal: take all
     m.observe([], format_rate=0.0)  # a round with no own group changes nothing
     assert m.format_rate == rate
-    again = Mix()
+    again = OwnGroupStats()
     again.load_state_dict(m.state_dict())
     assert again == m
 
@@ -103,7 +103,7 @@ def test_j_by_signal_never_takes_the_last_own_group_so_its_rate_moves_again() ->
     when the node's own groups gain signal, J falls."""
     train = load_config(overrides={"train": {"external_by": "signal"}}, environ={}).train
     total = train.local_groups + train.external_groups
-    m, js = Mix(), []
+    m, js = OwnGroupStats(), []
     for r in range(30):
         j, _ = choose_external(train.external_groups, train.j_bound(), m.signal_rate, 10)
         own = total - j
@@ -129,7 +129,7 @@ def test_j_bands_round_halves_up_alike(most: int) -> None:
 def test_j_rises_by_at_most_one_a_round_and_falls_at_once() -> None:
     """A rate that drops at once (a peer shaping what this node writes, say) moves J up
     one step a round; a rate that rises takes J down in one round."""
-    m, js = Mix(), []
+    m, js = OwnGroupStats(), []
     m.observe([("a", [0.0])], format_rate=1.0)
     for r in range(6):
         if r == 1:
@@ -149,14 +149,14 @@ def test_the_format_rate_counts_finished_completions_only() -> None:
     """A completion cut at the token limit says nothing about the format."""
     assert formatted_share([(True, True), (True, False), (False, False), (False, False)]) == 0.5
     assert formatted_share([(False, False)] * 3) is None
-    m = Mix()
+    m = OwnGroupStats()
     m.observe([("a", [0.0])], format_rate=0.5)
     m.observe([("a", [0.0])], format_rate=None)  # nothing finished: the rate holds
     assert m.format_rate == 0.5
 
 
 def test_skill_is_kept_per_family_and_level_and_reopens_j_after_a_level_up() -> None:
-    m = Mix()
+    m = OwnGroupStats()
     weights = {"a": 1.0, "b": 1.0}
     levels = {"a": 0, "b": 0}
     assert m.own_rate("skill", levels, weights) == (0.0, "own reward at the current levels")
@@ -172,7 +172,7 @@ def test_skill_is_kept_per_family_and_level_and_reopens_j_after_a_level_up() -> 
     assert j_from_rate(3, rate) == 2
     m.observe([("a", [0.0, 0.5])], levels=levels)  # from no skill, not from level 0's
     assert m.skill[("a", 1)] == pytest.approx(0.2 * 0.25)
-    again = Mix()
+    again = OwnGroupStats()
     again.load_state_dict(m.state_dict())
     assert again == m and again.skill[("a", 1)] == m.skill[("a", 1)]
 
