@@ -42,7 +42,14 @@ import torch
 
 from sapo_node.config import Config, CurriculumSection, EvalSection, FamilySection
 from sapo_node.curriculum import Curriculum
-from sapo_node.tasks import Scorer, Task, TaskRef, build_messages, extract_answer, make_task
+from sapo_node.tasks import (
+    Scorer,
+    Task,
+    TaskRef,
+    answer_format_share,
+    build_messages,
+    make_task,
+)
 
 EVAL_SEED_BASE = 2**64
 EVAL_SET_STRIDE = 2**16  # room for eval.tasks (its bound) in one held-out set
@@ -239,7 +246,7 @@ def evaluate(
                 level=level,
                 pass1=_mean([float(c) for c in correct[: len(texts)]]) if texts else None,
                 greedy=correct[-1],
-                tagged=_mean([float(extract_answer(x) is not None) for x in texts or best]),
+                tagged=answer_format_share(texts or best),
                 texts=(*texts, *best),
             )
         )

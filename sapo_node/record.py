@@ -14,7 +14,7 @@ import structlog
 from sapo_node.groups import Group, taught_flags
 from sapo_node.intake.demand import formatted_share
 from sapo_node.metrics import peak_gpu_mb, peak_rss_mb
-from sapo_node.tasks import extract_answer
+from sapo_node.tasks import answer_format_share, extract_answer
 
 if TYPE_CHECKING:
     from sapo_node.train.trainer import TrainStats
@@ -128,7 +128,7 @@ def round_record(
 
 def answer_format_rate(groups: Sequence[Group]) -> float:
     """The share of the groups' completions with an answer between the tags (0 if none)."""
-    return mean([extract_answer(x) is not None for g in groups for x in g.texts])
+    return answer_format_share(x for g in groups for x in g.texts)
 
 
 def finished_format_rate(groups: Sequence[Group]) -> float | None:

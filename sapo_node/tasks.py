@@ -20,7 +20,7 @@ import importlib
 import importlib.metadata
 import io
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -130,6 +130,17 @@ def extract_answer(text: str, tag: str = "answer") -> str | None:
     """
     found = last_answer(text, tag)
     return None if found is None else text[found[0] + len(tag) + 2 : found[1]].strip()
+
+
+def answer_format_share(texts: Iterable[str]) -> float:
+    """The share of ``texts`` with an answer between the tags, 0 if there are none: the
+    answer format a round's metrics and the held-out evaluation both report.
+
+    >>> answer_format_share(["<answer>1</answer>", "1", "x <answer>2</answer>", "<answer>"])
+    0.5
+    """
+    found = [extract_answer(x) is not None for x in texts]
+    return sum(found) / len(found) if found else 0.0
 
 
 class ReasoningGymFamily:
