@@ -44,14 +44,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sapo_node.intake import wire  # noqa: E402
-from sapo_node.intake.pool import (  # noqa: E402
-    POLICIES,
-    Candidate,
-    Pool,
-    PooledGroup,
-    group_digest,
-    reward_spread,
-)
+from sapo_node.intake.pool import Pool, PooledGroup, group_digest  # noqa: E402
+from sapo_node.intake.sampling import POLICIES, Candidate, reward_spread  # noqa: E402
 from sapo_node.tasks import PAPER_FAMILIES, TaskRef, generator_of, make_task  # noqa: E402
 from scripts.support.measure import best_rate, pct  # noqa: E402
 from scripts.support.messages import COMPLETIONS, completion  # noqa: E402

@@ -32,7 +32,7 @@ class PoolSection(_Section):
         "uniform: any group; balanced: groups with signal, spread across authors and "
         "families, mixed rewards favoured; teaching: groups with signal, spread across "
         "authors, weighted by reward variance times this node's own recent failure rate "
-        "on the family (sapo_node/intake/pool.py; measured against paper: no gain, "
+        "on the family (sapo_node/intake/sampling.py; measured against paper: no gain, "
         "docs/results/teaching-cpu/).",
     )
     max_groups: int = Field(4096, ge=1, le=10_000_000, description="Most groups held.")

@@ -19,14 +19,10 @@ from hypothesis import strategies as st
 
 from sapo_node.intake import pool as pool_module
 from sapo_node.intake import wire
-from sapo_node.intake.pool import (
-    OTHERS,
+from sapo_node.intake.pool import OTHERS, Pool, PooledGroup, RateLimiter, group_digest
+from sapo_node.intake.sampling import (
     POLICIES,
     Candidate,
-    Pool,
-    PooledGroup,
-    RateLimiter,
-    group_digest,
     reward_spread,
     sample_balanced,
     sample_teaching,
