@@ -237,6 +237,52 @@ def first_choice_tokens(answer: Sequence[bool], ranks: Sequence[int]) -> tuple[b
     return tuple(a or r == 0 for a, r in zip(answer, ranks, strict=True))
 
 
+def format_contexts(
+    answer: Sequence[bool], ranks: Sequence[int] | None, bound: int
+) -> bool:
+    """Whether a completion's text before its answer (the tokens before the first of
+    ``answer``, ``answer_tokens``'s flags) is text this node could write itself: every
+    token ranked at most ``bound`` under its policy (``ranks``; None: not ranked, so only
+    an empty text qualifies). Its answer's tags and end of turn teach only there.
+
+    >>> format_contexts([False, False, True], [1, 3, 9], 3), format_contexts([False, True], [84, 0], 3)
+    (True, False)
+    >>> format_contexts([True, True], None, 3), format_contexts([False, True], None, 3)
+    (True, False)
+    """
+    before = answer.index(True) if True in answer else len(answer)
+    if ranks is None:
+        return before == 0
+    return all(r <= bound for r in ranks[:before])
+
+
+def format_balance(rewards: Sequence[float], in_context: Sequence[bool]) -> list[bool]:
+    """Which completions of a peer's group teach their answer's tags and end of turn:
+    each above the group's mean whose text before the answer is in context
+    (``format_contexts``), and those at or below it, in order, while their total distance
+    below the mean stays within the total of those above it that teach. Advantages sum to
+    zero over a group, so the tags are pushed down no more than they are pushed up: a
+    peer cannot teach this node to drop its format by writing its right answers after
+    text this node never writes and its wrong ones in this node's own format.
+
+    >>> format_balance([1, 1, 0, 0], [True, True, True, True])
+    [True, True, True, True]
+    >>> format_balance([1, 1, 0, 0], [False, False, True, True])
+    [False, False, False, False]
+    >>> format_balance([1, 1, 0, 0], [True, False, True, True])
+    [True, False, True, False]
+    """
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    up = [r > mean and ok for r, ok in zip(rewards, in_context, strict=True)]
+    budget = sum(r - mean for r, u in zip(rewards, up, strict=True) if u) + 1e-9
+    out = list(up)
+    for i, r in enumerate(rewards):
+        if r <= mean and mean - r <= budget:
+            out[i] = True
+            budget -= mean - r
+    return out
+
+
 def rank_bits(ranks: Sequence[int]) -> list[float]:
     """log2(1 + rank) of each token: 0 for a policy's first choice, 1 for its second.
 
@@ -471,7 +517,7 @@ class Defence:
                 continue
             taught = None
             if self.settings.answer_only:
-                taught = [self._taught(g.completion_ids[i], ranks.get((id(g), i))) for i in keep]
+                taught = self._taught(g, keep, ranks)
             g = replace(
                 g,
                 completion_ids=[g.completion_ids[i] for i in keep],
@@ -485,25 +531,44 @@ class Defence:
             self.save()
         return out, counts
 
-    def _taught(self, ids: Sequence[int], ranks: Sequence[int] | None) -> tuple[bool, ...]:
-        """What ``answer_only`` teaches of a completion: its answer, and with
-        ``teach_first_choices`` the tokens of its other text ranked 0 (``ranks``: the
-        ranks check 3 computed, for the completions it checked; None for the others)."""
-        found = self.spans(ids) if self.spans is not None else None
-        if not found:  # no token spans (no fast tokenizer, or text that re-tokenises apart)
-            return (False,) * len(ids)  # nothing of it is taught
-        answer = answer_tokens(found[0], found[1], len(ids))
-        if ranks is None:  # _check_ranks returns ranks only with teach_first_choices
-            return answer
-        return first_choice_tokens(answer, ranks)
+    def _taught(self, g: Any, keep: list[int], ranks: dict) -> list[tuple[bool, ...]]:
+        """What ``answer_only`` teaches of the completions ``keep`` of ``g``: each one's
+        answer; its tags and end of turn where ``format_balance`` allows; with
+        ``teach_first_choices``, the tokens of its other text ranked 0 (``ranks``: what
+        check 3 computed, by (id(group), completion), for the completions it checked)."""
+        s = self.settings
+        answers, formats, widened = [], [], []
+        for i in keep:
+            ids = g.completion_ids[i]
+            found = self.spans(ids) if self.spans is not None else None
+            if not found:  # no token spans (no fast tokenizer, or text that re-tokenises apart)
+                answers.append((False,) * len(ids))  # nothing of it is taught
+                formats.append(set())
+                widened.append((False,) * len(ids))
+                continue
+            answer = answer_tokens(found[0], found[1], len(ids))
+            r = ranks.get((id(g), i))
+            answers.append(answer)
+            formats.append(format_tokens(found[0], found[1], len(ids)))
+            first = s.teach_first_choices and r is not None
+            widened.append(first_choice_tokens(answer, r) if first else answer)
+        in_context = [
+            any(a) and format_contexts(a, ranks.get((id(g), i)), s.format_context_rank)
+            for i, a in zip(keep, answers, strict=True)
+        ]
+        teach = format_balance([g.rewards[i] for i in keep], in_context)
+        return [
+            flags if ok else tuple(t and k not in fmt for k, t in enumerate(flags))
+            for flags, fmt, ok in zip(widened, formats, teach, strict=True)
+        ]
 
     def _check_ranks(self, pending, verdicts) -> dict[tuple[int, int], list[int]]:
         """Check 3 on the completions still pending; returns their ranks by (id(group),
-        completion) when ``teach_first_choices`` needs them, the check on or off."""
+        completion) when ``answer_only`` needs them (``teach_first_choices`` and the
+        format's contexts), the check on or off."""
         s = self.settings
-        first_choices = s.teach_first_choices and s.answer_only  # it widens answer_only
         todo = [(g, i) for g, idx in pending for i in idx]
-        if not (s.rank_check or first_choices) or not todo:
+        if not (s.rank_check or s.answer_only) or not todo:
             return {}
         samples = [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in todo]
         found: dict[tuple[int, int], list[int]] = {}
@@ -515,7 +580,7 @@ class Defence:
             bits = [b for k, b in enumerate(rank_bits(ranks)) if k not in skip]
             if highest_window(bits, s.rank_window) > s.max_rank_bits:
                 verdicts[id(g)][i] = IMPLAUSIBLE
-        return found if first_choices else {}
+        return found if s.answer_only else {}
 
     def _format_tokens(self, ids: Sequence[int]) -> set[int]:
         found = self.spans(ids) if self.spans is not None else None

@@ -575,6 +575,96 @@ def test_shaped_format_groups_pass_every_check_and_teach_tags_only_where_the_nod
             # above the mean, the tags are taught after the preamble; below it, at the start
             assert (reward == 1.0) == text.startswith(preamble)
 
+    # Ranked as the embedded model ranks it (its opening "Answer" 84th to 164th), the
+    # preamble is text this node would not write: no completion of a shaped group teaches
+    # the tags or the end of turn, the wrong ones included (format_balance); each still
+    # teaches its answer. The honest groups, bare answers, teach all their tags.
+    d = Defence(DefenceSection(teach_first_choices=False), _preamble_ranked(policy), Counts(),
+                spans=policy.token_spans)  # fmt: skip
+    kept, _ = d.screen(_own(policy, prompt), groups)
+    honest = [_group(policy, prompt, g.completions, r) for g, r in received["honest"]]
+    kept_honest, _ = d.screen(_own(policy, prompt), honest)
+    for g in kept:
+        for ids, flags, text in zip(g.completion_ids, g.taught, g.texts, strict=True):
+            taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
+            assert taught == last_answer_text(text), (text, taught)
+            assert not flags[-1]  # no end of turn
+    for g in kept_honest:
+        for ids, flags, text in zip(g.completion_ids, g.taught, g.texts, strict=True):
+            assert policy.decode([t for t, f in zip(ids, flags, strict=True) if f]) == text
+            assert flags[-1]
+
+
+def last_answer_text(text: str) -> str:
+    """The answer of ``text`` without its tags."""
+    start, close = last_answer(text)
+    return text[start + len("<answer>") : close]
+
+
+def _preamble_ranked(policy, rank: int = 84):
+    """Ranks as the embedded model gives them to the shape-format class: its opening
+    token ``rank``, the preamble's other tokens 1 (its worst window stays under check 3's
+    bound, as there), the rest first choices. The tiny model ranks nothing the way a
+    trained one does; this stands in for that policy."""
+
+    def ranks(samples):
+        out = []
+        for smp in samples:
+            found = policy.token_spans(smp.completion_ids)
+            text, spans = found
+            end = text.find(FORMAT_PREAMBLE) + len(FORMAT_PREAMBLE) if FORMAT_PREAMBLE in text else 0
+            out.append([(rank if a == 0 else 1) if a < end else 0 for a, _ in spans]
+                       + [0] * (len(smp.completion_ids) - len(spans)))  # fmt: skip
+        return out
+
+    return ranks
+
+
+def test_shaped_groups_no_longer_teach_a_node_to_drop_its_format(tmp_path) -> None:
+    """The mechanism of the shape-format class, end to end on a tiny policy: GRPO steps on
+    groups whose right answers follow a preamble this node would not write and whose wrong
+    ones are bare answers in its format. With every completion's tags taught (any context
+    in bound: the rule before), the bare format's log-probability falls a lot; with the
+    tags taught only after text this node could write, and below the mean only as far as
+    above it, it falls no more than the same steps on honest groups move it."""
+    from sapo_node.groups import training_set
+    from tests.support.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m")
+    bare = "<answer>7</answer>"
+
+    def format_logp(policy, trainer, prompt) -> float:
+        ids = policy.encode_completion(bare, True, 80).ids
+        return sum(trainer.completion_logprobs([Sample(prompt, ids, 0.0)])[0])
+
+    def gain(right: str, bound: int) -> float:
+        torch.manual_seed(0)
+        policy = load_policy(
+            str(path), device="cpu", dtype="float32", lora=LoraSection(), cache_dir=path
+        )
+        trainer = Trainer(policy, TrainSection(lr=5e-3, micro_batch_size=16), max_new_tokens=80)
+        prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
+        d = Defence(
+            DefenceSection(teach_first_choices=False, rank_check=False, format_context_rank=bound),
+            _preamble_ranked(policy),
+            Counts(),
+            spans=policy.token_spans,
+        )
+        before = format_logp(policy, trainer, prompt)
+        texts = [right] * 4 + ["<answer>1</answer>"] * 4
+        for _ in range(8):
+            kept, _ = d.screen([], [_group(policy, prompt, texts, [1] * 4 + [0] * 4)])
+            batch = training_set(kept, "std")
+            trainer.step(
+                batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
+            )
+        return format_logp(policy, trainer, prompt) - before
+
+    shaped = FORMAT_PREAMBLE + " " + bare
+    lopsided, balanced, honest = gain(shaped, 10**6), gain(shaped, 3), gain(bare, 3)
+    assert lopsided < honest - 5.0, (lopsided, honest)  # nats: the format pushed away
+    assert balanced > lopsided + 0.8 * (honest - lopsided), (lopsided, balanced, honest)
+
 
 # Payloads of the in-style class (issue 35): short, in common words, before the answer,
 # under the outside bound, and, for this test, ranked as the policy's first choices (the
