@@ -54,6 +54,15 @@ go through, in order:
    unlikely token in a window of likely ones), so a first choice after text this node
    would not write is taught in that context too. A payload whose first token is not
    this node's first choice is never started by it (``first_choice_tokens``).
+   The tags and end of turn are taught in balance (``format_balance``): an above-mean
+   completion teaches them only after text this node could write itself, every token of
+   its text before the answer ranked at most ``format_context_rank`` (``format_contexts``);
+   a below-mean one only as far as the above-mean ones of its group teach them. Without
+   that, a peer whose right answers follow a preamble this node never writes, and whose
+   wrong ones are in this node's own format, pushes the tags down where this node begins
+   and up only where it never is: the node loses its format (docs/security.md, shaped
+   groups). Tags taught after a payload, and never pushed down, would pull the payload up
+   with them; in balance neither happens.
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
@@ -237,16 +246,16 @@ def first_choice_tokens(answer: Sequence[bool], ranks: Sequence[int]) -> tuple[b
     return tuple(a or r == 0 for a, r in zip(answer, ranks, strict=True))
 
 
-def format_contexts(
-    answer: Sequence[bool], ranks: Sequence[int] | None, bound: int
-) -> bool:
+def format_contexts(answer: Sequence[bool], ranks: Sequence[int] | None, bound: int) -> bool:
     """Whether a completion's text before its answer (the tokens before the first of
     ``answer``, ``answer_tokens``'s flags) is text this node could write itself: every
     token ranked at most ``bound`` under its policy (``ranks``; None: not ranked, so only
     an empty text qualifies). Its answer's tags and end of turn teach only there.
 
-    >>> format_contexts([False, False, True], [1, 3, 9], 3), format_contexts([False, True], [84, 0], 3)
-    (True, False)
+    >>> format_contexts([False, False, True], [1, 3, 9], 3)
+    True
+    >>> format_contexts([False, True], [84, 0], 3)
+    False
     >>> format_contexts([True, True], None, 3), format_contexts([False, True], None, 3)
     (True, False)
     """

@@ -612,7 +612,9 @@ def _preamble_ranked(policy, rank: int = 84):
         for smp in samples:
             found = policy.token_spans(smp.completion_ids)
             text, spans = found
-            end = text.find(FORMAT_PREAMBLE) + len(FORMAT_PREAMBLE) if FORMAT_PREAMBLE in text else 0
+            end = (
+                text.find(FORMAT_PREAMBLE) + len(FORMAT_PREAMBLE) if FORMAT_PREAMBLE in text else 0
+            )
             out.append([(rank if a == 0 else 1) if a < end else 0 for a, _ in spans]
                        + [0] * (len(smp.completion_ids) - len(spans)))  # fmt: skip
         return out
