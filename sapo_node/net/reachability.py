@@ -102,6 +102,13 @@ class SwarmDCUtR(DCUtRProtocol):
         await super()._close_relayed_conns_after_grace(peer_id, min(grace, self.relay_grace_s))
 
     async def _get_observed_addrs(self) -> list[bytes]:
+        """What a punch's CONNECT tells the peer to dial: the library's list, less LAN
+        addresses while private. The addresses AutoNAT found unreachable
+        (``STATE.unreachable``, which identify hides) stay: they are what a punch dials,
+        both sides at once, through a NAT or a firewall that drops only connections it
+        did not see leave. Two firewalled nodes (tests/support/nat_alone.py) each send
+        exactly that address, and punch through; without it the list is empty and the
+        punch fails."""
         addrs = await super()._get_observed_addrs()
         if STATE.reachability != "private":
             return addrs
