@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import time
 import weakref
 from collections import OrderedDict, defaultdict
@@ -77,6 +78,16 @@ SCORE_DECAY = 0.999  # per 1 s heartbeat, of invalid messages and behaviour pena
 SEEN_TTL_S = 120
 
 
+# A refusal that costs its forwarder nothing (a relayed message its author got wrong,
+# another version's) is logged at most once per forwarder this often: a peer holding
+# many keys can sign such messages under each and forward them at will. The counters
+# (COUNTERS.rejected, the refusals by author and reason) count every one.
+REFUSAL_LOG_S = 60.0
+
+
+MAX_QUIET_FORWARDERS = 1024  # forwarders whose refusal lines are held back, remembered
+
+
 def signed_digest(msg: Any) -> bytes:
     """A digest of what an author signs of a message (its author, seqno, data and topic
     list). Once the signature is checked, no one but the author can make another message
@@ -86,6 +97,33 @@ def signed_digest(msg: Any) -> bytes:
         h.update(len(part).to_bytes(8, "big"))
         h.update(part)
     return h.digest()
+
+
+class QuietLog:
+    """At most one line per key each ``every_s``; a key's next line says how many it held
+    back. Keys beyond ``limit`` push out the one logged longest ago.
+
+    >>> q = QuietLog(60.0, 2)
+    >>> q.take("a", 0.0), q.take("a", 1.0), q.take("a", 2.0), q.take("a", 60.0)
+    (0, None, None, 2)
+    """
+
+    def __init__(self, every_s: float, limit: int) -> None:
+        self.every_s, self.limit = every_s, limit
+        self.keys: OrderedDict[Any, tuple[float, int]] = OrderedDict()  # when logged, held
+
+    def take(self, key: Any, now: float) -> int | None:
+        """None if a line for ``key`` is held back at ``now``, else how many were held
+        back since its last line."""
+        logged, held = self.keys.get(key, (-math.inf, 0))
+        if now - logged < self.every_s:
+            self.keys[key] = (logged, held + 1)
+            return None
+        self.keys[key] = (now, 0)
+        self.keys.move_to_end(key)
+        while len(self.keys) > self.limit:
+            self.keys.popitem(last=False)
+        return held
 
 
 class SwarmScorer(PeerScorer):
@@ -543,6 +581,7 @@ class PubsubBehaviour:
         # ours): publishing faster only loses groups, so this node waits instead.
         self.own_rate = RateLimiter(settings["rate_per_author"], settings["burst_per_author"])
         self.refusals: dict[tuple[str, str], int] = {}  # (author, reason) -> n, bounded
+        self.quiet_refusals = QuietLog(REFUSAL_LOG_S, MAX_QUIET_FORWARDERS)
         # Bans end at a wall-clock time, nearest end first; those of earlier network
         # processes and node runs come back in the settings (peerstate.py).
         self.banned: OrderedDict[ID, float] = OrderedDict()
@@ -586,13 +625,7 @@ class PubsubBehaviour:
             count_refusal(self.refusals, author.pretty(), result.reason)
             if result.ignored:
                 self._excuse(msg)
-            log.info(
-                "message refused",
-                author=author.pretty(),
-                via=forwarder.pretty(),
-                reason=result.reason,
-                outcome="ignored" if result.ignored else "rejected",
-            )
+            self._log_refusal(forwarder, author, result.reason, charged=not result.ignored)
             return False
         if not self.limiter.allow(author.pretty(), time.monotonic()):
             COUNTERS.rate_limited += 1
@@ -626,18 +659,39 @@ class PubsubBehaviour:
         author = ID(msg.from_id)
         COUNTERS.rejected += 1
         count_refusal(self.refusals, author.pretty(), reason)
-        log.info(
-            "message refused",
-            author=author.pretty(),
-            via=forwarder.pretty(),
-            reason=reason,
+        self._log_refusal(
+            forwarder,
+            author,
+            reason,
+            charged=forwarder == author,
             topics=[t[:100] for t in topics[:4]],
-            outcome="rejected" if forwarder == author else "ignored",
         )
         if forwarder == author:
             self.scorer.charge(forwarder, self.home)
         self._forget_copies(msg)
         return True
+
+    def _log_refusal(
+        self, forwarder: ID, author: ID, reason: str, charged: bool, **fields: Any
+    ) -> None:
+        """The line for a refused message. One its forwarder is charged for is logged
+        each time (a few, then the forwarder is banned); one nobody pays for at most
+        once per forwarder each REFUSAL_LOG_S, the next saying how many were not logged
+        (``not_logged``)."""
+        if not charged:
+            held = self.quiet_refusals.take(forwarder, time.monotonic())
+            if held is None:
+                return
+            if held:
+                fields["not_logged"] = held
+        log.info(
+            "message refused",
+            author=author.pretty(),
+            via=forwarder.pretty(),
+            reason=reason,
+            outcome="rejected" if charged else "ignored",
+            **fields,
+        )
 
     def _remember_penalties(self, peer: ID) -> None:
         """Hold ``peer``'s penalties as its score has them (not a banned peer's: the ban

@@ -102,6 +102,13 @@ class SwarmDCUtR(DCUtRProtocol):
         await super()._close_relayed_conns_after_grace(peer_id, min(grace, self.relay_grace_s))
 
     async def _get_observed_addrs(self) -> list[bytes]:
+        """What a punch's CONNECT tells the peer to dial: the library's list, less LAN
+        addresses while private. The addresses AutoNAT found unreachable
+        (``STATE.unreachable``, which identify hides) stay: they are what a punch dials,
+        both sides at once, through a NAT or a firewall that drops only connections it
+        did not see leave. Two firewalled nodes (tests/support/nat_alone.py) each send
+        exactly that address, and punch through; without it the list is empty and the
+        punch fails."""
         addrs = await super()._get_observed_addrs()
         if STATE.reachability != "private":
             return addrs
@@ -151,6 +158,45 @@ def announced_addresses(listen: list[str], announce: list[str]) -> list[str]:
     if announce:
         return list(announce)
     return [str(a) for a in interface_addresses([multiaddr.Multiaddr(x) for x in listen])]
+
+
+ANNOUNCE_PLACEHOLDER = "/ip4/<public IP>/tcp/<port>"
+
+
+def announce_hint(
+    verdict: str, reason: str, announced: list[str], reached: list[str]
+) -> str | None:
+    """The address to tell the user to pass as ``--announce``, or None: AutoNAT found
+    this node public (``verdict``), it was not given ``--announce`` (``reason``), and it
+    announces no address peers elsewhere reach it at. ``reached``: the addresses AutoNAT
+    servers dialled it back at; the one most of them reached is suggested. Without one,
+    the hint is due when every announced address is a LAN one, with a placeholder.
+    A router that forwards the port to the node's inside address, which it announces:
+    peers elsewhere are given only that address, and dial it in vain.
+
+    >>> inside = ["/ip4/198.19.1.2/tcp/4141"]  # a home network numbered outside the LAN ranges
+    >>> router = ["/ip4/198.18.0.7/tcp/4141"]  # where a server dialled it back
+    >>> announce_hint("public", "address", inside, router)
+    '/ip4/198.18.0.7/tcp/4141'
+    >>> announce_hint("public", "address", router, router)  # a VPS: nothing to say
+    >>> announce_hint("public", "nat", ["/ip4/192.168.1.20/tcp/4141"], [])
+    '/ip4/<public IP>/tcp/<port>'
+    >>> announce_hint("public", "announce", inside, router)  # the user chose
+    >>> announce_hint("private", "address", inside, [])
+    """
+    if verdict != "public" or reason in ("announce", "config"):
+        return None
+    outside = [
+        a for a in reached if (ip := addresses.ip_of(a)) is not None and not addresses.is_lan(ip)
+    ]
+    if outside:
+        announced_ips = {addresses.ip_of(a) for a in announced}
+        if any(addresses.ip_of(a) in announced_ips for a in outside):
+            return None
+        return max(sorted(set(outside)), key=outside.count)
+    if any(not addresses.is_lan_addr(a) for a in announced):
+        return None
+    return ANNOUNCE_PLACEHOLDER
 
 
 class ReachabilityBehaviour:
@@ -212,6 +258,7 @@ class ReachabilityBehaviour:
         self.checks_reachability = check and self.reason in ("address", "upnp", "announce")
         self.reason_at_start = self.reason  # what a node private by AutoNAT returns to
         self.autonat_answers: dict[str, int] = {}  # server IP -> its answer, last check
+        self.autonat_reached: dict[str, str] = {}  # server IP -> where it dialled back
         self.autonat_failed_at: float | None = None  # the check's first failed dial-back
         self.autonat_verdict: str | None = None
         self.handing_over: set[ID] = set()  # peers whose pubsub stream is being moved
@@ -336,7 +383,7 @@ class ReachabilityBehaviour:
         connected together, at once), and again every autonat.PEER_EVERY_S (a server's
         own rate) while the answers leave it unsure; with one network's failure alone,
         the verdict waits autonat.ALONE_S for a peer outside the LAN to dial in."""
-        self.autonat_answers = {}
+        self.autonat_answers, self.autonat_reached = {}, {}
         asked: dict[ID, float] = {}  # server -> when it was last asked
         again_s = self.s.get("autonat_retry_s", autonat.PEER_EVERY_S)
         dialled_in, began = False, time.monotonic()
@@ -412,25 +459,43 @@ class ReachabilityBehaviour:
         if ip is None:
             return
         with contextlib.suppress(Exception):
-            status, _ = await self.autonat.query_server(peer, timeout=autonat.ASK_S)
+            status, at = await self.autonat.query_server(peer, timeout=autonat.ASK_S)
             if (
                 status in (autonat.OK, autonat.FAILED)
                 and self.autonat_answers.get(ip) != autonat.OK
             ):
                 self.autonat_answers[ip] = status
+            if status == autonat.OK and at:
+                self.autonat_reached[ip] = str(multiaddr.Multiaddr(at))[:200]
 
     async def _act_on(self, found: str) -> None:
         """A node public by its address or a UPnP mapping that peers cannot dial becomes
-        private; one public by --announce stays so and says which address failed."""
+        private; one public by --announce stays so and says which address failed. One
+        that peers dialled back at an address it does not announce is told to announce it
+        (announce_hint). Called once per change of verdict."""
         self.autonat_verdict = found
         addrs = [str(a).split("/p2p/")[0] for a in self.host.get_addrs()]
-        if found == "public" and self.reason == "autonat":
-            await self._public_again()
-            return
         if found == "public":
-            log.info(
-                "AutoNAT: peers dialled this node back: it is public", answers=self.autonat_answers
-            )
+            again = self.reason == "autonat"
+            if again:
+                await self._public_again()
+            hint = announce_hint(found, self.reason, addrs, list(self.autonat_reached.values()))
+            if hint is not None:
+                log.warning(
+                    "AutoNAT: peers dialled this node back, so it is public, but it announces "
+                    "no address they reached it at, and peers elsewhere cannot dial the ones "
+                    "it gives them: a router forwards its port. Pass the address they reached "
+                    "as --announce",
+                    announce=hint,
+                    announced=addrs,
+                    reached=sorted(set(self.autonat_reached.values())),
+                    answers=self.autonat_answers,
+                )
+            elif not again:
+                log.info(
+                    "AutoNAT: peers dialled this node back: it is public",
+                    answers=self.autonat_answers,
+                )
             return
         if self.reason == "announce":
             log.warning(

@@ -366,3 +366,82 @@ def test_two_lying_networks_do_not_demote_a_node_a_peer_elsewhere_dialled(monkey
     monkeypatch.setattr(STATE, "dialled_in_at", 0.0)
     assert trio.run(check, False, 60.0, 3.0) is None
     assert trio.run(check, False, 1.0, 20.0) == "private"
+
+
+INSIDE = "/ip4/198.19.1.2/tcp/4141"  # a home network numbered outside the LAN ranges
+ROUTER = "/ip4/198.18.0.7/tcp/4141"  # the router's outside address, its port forwarded
+LAN = "/ip4/192.168.1.20/tcp/4141"
+PLACEHOLDER = "/ip4/<public IP>/tcp/<port>"
+
+
+@pytest.mark.parametrize(
+    ("verdict", "reason", "announced", "reached", "hint"),
+    [
+        # dialled back at the router's address, which it does not announce: that one
+        ("public", "address", [INSIDE], [ROUTER], ROUTER),
+        ("public", "address", [INSIDE, LAN], [ROUTER], ROUTER),
+        # the address most servers reached
+        ("public", "address", [INSIDE], [ROUTER, "/ip4/198.18.9.9/tcp/4141", ROUTER], ROUTER),
+        # it announces the address they reached (a VPS, a UPnP mapping): nothing to say
+        ("public", "address", [ROUTER], [ROUTER], None),
+        ("public", "upnp", [ROUTER], [ROUTER], None),
+        ("public", "address", [INSIDE, ROUTER], [ROUTER], None),
+        # only LAN addresses announced, no dial-back address outside the LAN known: a
+        # placeholder
+        ("public", "nat", [LAN], [], PLACEHOLDER),
+        ("public", "nat", [LAN], ["/ip4/10.0.0.1/tcp/1"], PLACEHOLDER),
+        # an address outside the LAN announced, none reached known: no evidence against it
+        ("public", "address", [INSIDE], [], None),
+        # given --announce or net.reachability: the user chose; not public: no hint
+        ("public", "announce", [INSIDE], [ROUTER], None),
+        ("public", "config", [LAN], [], None),
+        ("private", "address", [INSIDE], [], None),
+        ("private", "autonat", [INSIDE], [ROUTER], None),
+    ],
+)
+def test_a_public_verdict_hints_the_address_to_announce(
+    verdict: str, reason: str, announced: list[str], reached: list[str], hint: str | None
+) -> None:
+    from sapo_node.net.reachability import announce_hint
+
+    assert announce_hint(verdict, reason, announced, reached) == hint
+
+
+def test_the_announce_hint_is_logged_once_per_verdict_not_per_recheck() -> None:
+    """A node inside a NAT numbered outside the LAN ranges, its port forwarded: AutoNAT
+    finds it public at every recheck, at the router's address; one warning names it."""
+    from types import SimpleNamespace
+
+    import multiaddr
+    import structlog
+    import trio
+
+    from sapo_node.net.network import Network
+
+    async def public() -> str:
+        return "public"
+
+    node = SimpleNamespace(
+        host=SimpleNamespace(get_addrs=lambda: [multiaddr.Multiaddr(INSIDE)]),
+        reason="address",
+        reachability="public",
+        autonat_verdict=None,
+        autonat_answers={"198.18.0.1": 0},
+        autonat_reached={"198.18.0.1": ROUTER},
+        s={"autonat_recheck_s": 0.01},
+        _ask_until_sure=public,
+    )
+    for name in ("_check_reachability", "_act_on"):
+        setattr(node, name, getattr(Network, name).__get__(node))
+
+    async def main() -> None:
+        with trio.move_on_after(0.5):
+            await node._check_reachability()
+
+    with structlog.testing.capture_logs() as logs:
+        trio.run(main)
+    hints = [e for e in logs if e["log_level"] == "warning"]
+    assert len(hints) == 1, logs
+    assert hints[0]["announce"] == ROUTER and hints[0]["announced"] == [INSIDE]
+    assert "--announce" in hints[0]["event"]
+    assert [e for e in logs if e["log_level"] == "info"] == []

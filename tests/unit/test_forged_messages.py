@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
@@ -23,8 +24,9 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo_node.intake import wire
 from sapo_node.net import patches
-from sapo_node.net.pubsub import PubsubBehaviour
-from tests.support.rogue import LISTEN, make_gossipsub, make_host, valid_payloads
+from sapo_node.net.pubsub import REFUSAL_LOG_S, PubsubBehaviour, QuietLog
+from sapo_node.net.state import COUNTERS
+from tests.support.rogue import LISTEN, VECTORS, make_gossipsub, make_host, valid_payloads
 
 TOPIC = wire.topic("forgery")
 DEADLINE_S = 10.0
@@ -65,8 +67,13 @@ class Peer:
 
 def signed(author: Peer, seqno: bytes, topics: list[str], data: bytes) -> Any:
     """A message as py-libp2p signs it (Pubsub.publish)."""
-    msg = rpc_pb2.Message(data=data, topicIDs=topics, from_id=author.id.to_bytes(), seqno=seqno)
-    key = author.pubsub.sign_key
+    return signed_by(author.pubsub.sign_key, seqno, topics, data)
+
+
+def signed_by(key: Any, seqno: bytes, topics: list[str], data: bytes) -> Any:
+    """A message signed with the private ``key``, its author the key's peer ID."""
+    author = ID.from_pubkey(key.get_public_key())
+    msg = rpc_pb2.Message(data=data, topicIDs=topics, from_id=author.to_bytes(), seqno=seqno)
     msg.signature = key.sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
     msg.key = key.get_public_key().serialize()
     return msg
@@ -205,3 +212,66 @@ def test_the_librarys_push_path_checks_the_signature_before_the_topic_list() -> 
             assert author.id not in node.banned
 
     trio.run(main)
+
+
+def test_refusals_nobody_pays_for_are_logged_once_a_minute_per_forwarder() -> None:
+    """A peer that makes keys at will signs, under each, a message whose topic list
+    repeats the topic and one of another version, and forwards them all: nobody is
+    charged (the authors chose them), and each would have cost a log line. Every refusal
+    is counted, by author and reason; the forwarder gets one line, and its next one, a
+    minute later, says how many were not logged. An author that sends its own refused
+    messages pays for each, and each is logged."""
+    data = valid_payloads(1)[0]
+    other_version = (VECTORS / "invalid" / "unsupported_version_3.msgpack").read_bytes()
+    keys = [create_new_key_pair().private_key for _ in range(20)]
+
+    async def main() -> None:
+        async with swarm() as (node, received, author, forger):
+            rejected = COUNTERS.rejected
+            with structlog.testing.capture_logs() as logs:
+                for i, key in enumerate(keys):
+                    seqno = (i + 1).to_bytes(8, "big")
+                    await node.pubsub.push_msg(forger.id, signed_by(key, seqno, [TOPIC] * 2, data))
+                    await node.pubsub.push_msg(
+                        forger.id, signed_by(key, seqno + b"v", [TOPIC], other_version)
+                    )
+            lines = [e for e in logs if e["event"] == "message refused"]
+            assert len(lines) == 1, lines
+            assert lines[0]["via"] == forger.id.pretty() and "not_logged" not in lines[0]
+            assert COUNTERS.rejected - rejected == 2 * len(keys)
+            authors = [ID.from_pubkey(k.get_public_key()).pretty() for k in keys]
+            assert node.refusals == {
+                **{(a, "topic_repeated"): 1 for a in authors},
+                **{(a, "unsupported_version"): 1 for a in authors},
+            }
+            assert node.invalid(forger.id) == 0.0
+            # a minute on, the forwarder's next refusal is logged, with the count held back
+            logged, held = node.quiet_refusals.keys[forger.id]
+            node.quiet_refusals.keys[forger.id] = (logged - REFUSAL_LOG_S, held)
+            one_more = create_new_key_pair().private_key
+            with structlog.testing.capture_logs() as logs:
+                await node.pubsub.push_msg(
+                    forger.id, signed_by(one_more, b"1" * 8, [TOPIC] * 2, data)
+                )
+                # the author's own refused messages: each charged, each logged
+                for n in (1, 2):
+                    twice = signed(author, (10**9 + n).to_bytes(8, "big"), [TOPIC] * 2, data)
+                    await node.pubsub.push_msg(author.id, twice)
+            lines = [e for e in logs if e["event"] == "message refused"]
+            assert [(e["via"], e["outcome"], e.get("not_logged")) for e in lines] == [
+                (forger.id.pretty(), "ignored", 2 * len(keys) - 1),
+                (author.id.pretty(), "rejected", None),
+                (author.id.pretty(), "rejected", None),
+            ]
+            assert node.invalid(author.id) == 2.0
+
+    trio.run(main)
+
+
+def test_a_quiet_log_holds_back_lines_per_key_and_counts_them() -> None:
+    quiet = QuietLog(60.0, limit=2)
+    assert [quiet.take("a", t) for t in (0.0, 1.0, 59.9, 60.0, 61.0)] == [0, None, None, 2, None]
+    assert quiet.take("b", 61.0) == 0 and quiet.take("b", 62.0) is None  # keys apart
+    assert quiet.take("c", 63.0) == 0  # a third key pushes out the one logged longest ago
+    assert list(quiet.keys) == ["b", "c"]
+    assert quiet.take("a", 64.0) == 0
