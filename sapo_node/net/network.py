@@ -101,12 +101,14 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
             ),
         )
         # docs/libp2p.md#connection-limits: each address's share of the accepted
-        # connections, and a newcomer takes the slot of a peer that gives nothing
+        # connections, and a newcomer takes the slot of a peer that gives nothing (a
+        # private node reserved on this node's relay keeps one)
         self.accepted = patches.guard_swarm(
             self.host.get_network(),
             per_ip=settings.get("max_inbound_per_ip"),
             per_net=settings.get("max_inbound_per_net"),
             gives=self._gives,
+            reserved=self._holds_reservation,
             prune_after_s=settings.get("inbound_prune_after_s", patches.PRUNE_AFTER_S),
         )
         if settings["mdns"]:

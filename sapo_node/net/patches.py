@@ -322,12 +322,18 @@ def over_cap(held: list[Accepted], new: Accepted, per_ip: int | None, per_net: i
 
 
 def least_giving(
-    held: list[Accepted], now: float, gives: Callable[[Any], bool], after_s: float
+    held: list[Accepted],
+    now: float,
+    gives: Callable[[Any], bool],
+    after_s: float,
+    reserved: Callable[[Any], bool] = lambda peer: False,
 ) -> Accepted | None:
     """The accepted connection to close for a newcomer when every slot is taken: one
     whose peer gives this node nothing (``gives``: no mesh, no delivery) though it has
     had ``after_s`` to; of those, one from the network (/24, /48) that holds the most,
-    the oldest first. None when every one gives or is too new.
+    the oldest first. A peer that holds a reservation on this node's relay (``reserved``)
+    keeps its oldest connection: peers reach it through this node. None when every one
+    gives, is kept or is too new.
 
     >>> old = lambda ip, t, peer: Accepted(ip, addresses.network_of(ip), t, peer, object())
     >>> held = [old("198.18.0.1", 0.0, "a"), old("198.18.1.1", 5.0, "b")]
@@ -336,6 +342,8 @@ def least_giving(
     'b'
     >>> least_giving(held, 100.0, lambda p: p != "a", 60.0).peer
     'a'
+    >>> least_giving(held, 100.0, lambda p: False, 60.0, reserved=lambda p: p == "b").peer
+    'c'
     >>> least_giving(held, 50.0, lambda p: False, 60.0) is None  # none had its time
     True
     """
@@ -345,7 +353,12 @@ def least_giving(
         for a in held
         if a.conn is not None and not a.pruned and now - a.since >= after_s and not gives(a.peer)
     ]
-    return min(idle, key=lambda a: (-nets[a.net], a.since), default=None)
+    kept: dict[Any, Accepted] = {}  # each reservation holder's oldest connection
+    for a in sorted(idle, key=lambda a: a.since):
+        if a.peer not in kept and reserved(a.peer):
+            kept[a.peer] = a
+    closable = [a for a in idle if kept.get(a.peer) is not a]
+    return min(closable, key=lambda a: (-nets[a.net], a.since), default=None)
 
 
 def guard_swarm(
@@ -354,6 +367,7 @@ def guard_swarm(
     per_ip: int | None = None,
     per_net: int | None = None,
     gives: Callable[[Any], bool] = lambda peer: True,
+    reserved: Callable[[Any], bool] = lambda peer: False,
     prune_after_s: float = PRUNE_AFTER_S,
 ) -> list[Accepted]:
     """docs/libp2p.md#connection-limits: an accepted connection holds its inbound slot
@@ -362,12 +376,14 @@ def guard_swarm(
     ``per_ip`` accepted connections and one /24 or /48 ``per_net`` (an IPv6 address
     that embeds an IPv4 one counts as it: addresses.network_of), so that one host with many
     identities cannot take every slot. When every slot is taken, a newcomer takes the
-    slot of a peer that gives nothing (:func:`least_giving`). A connection refused for
-    want of a slot, at ``max_connections`` or at its address's cap is counted
-    (``inbound_refused``, ``inbound_capped``), one closed for a newcomer too
-    (``inbound_pruned``). A direct connection from outside the LAN accepted while the
-    node is public is noted (``STATE.dialled_in_at``): AutoNAT's evidence that peers
-    can dial it. The library's auto-connector dials nobody: discovery dials, within
+    slot of a peer that gives nothing (:func:`least_giving`), but not the oldest
+    connection of a peer ``reserved`` on this node's relay: that one still counts in its
+    address's share, and the relay's limit (net.relay_reservations) bounds how many are
+    kept so. A connection refused for want of a slot, at ``max_connections`` or at its
+    address's cap is counted (``inbound_refused``, ``inbound_capped``), one closed for a
+    newcomer too (``inbound_pruned``). A direct connection from outside the LAN accepted
+    while the node is public is noted (``STATE.dialled_in_at``): AutoNAT's evidence that
+    peers can dial it. The library's auto-connector dials nobody: discovery dials, within
     ``net.max_peers``. Returns the list of accepted connections it keeps."""
     from libp2p.abc import IMuxedConn
     from libp2p.network.connection.raw_connection import RawConnection
@@ -392,7 +408,7 @@ def guard_swarm(
 
     async def make_room() -> bool:
         """Close the connection of a peer that gives nothing, and take its slot."""
-        gone = least_giving(held, trio.current_time(), gives, prune_after_s)
+        gone = least_giving(held, trio.current_time(), gives, prune_after_s, reserved)
         if gone is None:
             return False
         gone.pruned = True

@@ -28,7 +28,7 @@ from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 
 from sapo_node import addresses
-from sapo_node.net import autonat, upnp
+from sapo_node.net import autonat, patches, upnp
 from sapo_node.net.discovery import DIAL_TIMEOUT_S
 from sapo_node.net.state import STATE
 
@@ -48,6 +48,15 @@ def is_relayed(conn: Any) -> bool:
     with contextlib.suppress(Exception):
         return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses() or ())
     return False
+
+
+def holds_reservation(circuit: CircuitV2Protocol, peer: ID) -> bool:
+    """Whether ``peer`` holds a live reservation on this node's relay: the node relays
+    (``allow_hop``), and the library keeps one for ``peer`` that has not expired, while
+    ``peer`` is still connected (``has_reservation``: two dictionary lookups). A private
+    node reached through this relay: closing its connection cuts it off from every peer
+    that dials it here."""
+    return bool(circuit.allow_hop) and circuit.resource_manager.has_reservation(peer)
 
 
 class SwarmDCUtR(DCUtRProtocol):
@@ -236,6 +245,12 @@ class ReachabilityBehaviour:
             max_reservations=int(settings.get("relay_reservations", 0)),
         )
         self.circuit = CircuitV2Protocol(self.host, limits=limits, allow_hop=serve)
+        # holds_reservation asks the relay's reservations, which ask the swarm's connections
+        patches.check_state(self.circuit, ("allow_hop", "resource_manager"), "the relay")
+        patches.check_state(
+            self.circuit.resource_manager, ("has_reservation",), "the relay's reservations"
+        )
+        patches.check_state(self.host.get_network(), ("connections",), "the swarm")
         self.circuits = CircuitV2Transport(
             self.host, self.circuit, RelayConfig(roles=RelayRole.STOP)
         )
@@ -263,6 +278,12 @@ class ReachabilityBehaviour:
         self.autonat_verdict: str | None = None
         self.handing_over: set[ID] = set()  # peers whose pubsub stream is being moved
         self.relays: dict[ID, list[str]] = {}  # relay -> this node's addresses through it
+
+    def _holds_reservation(self, peer: ID) -> bool:
+        """Whether ``peer`` holds a live reservation on this node's relay
+        (:func:`holds_reservation`); False before the relay is built."""
+        circuit = getattr(self, "circuit", None)
+        return circuit is not None and holds_reservation(circuit, peer)
 
     async def _keep_mapping(self) -> None:
         """Renew the router's port mapping at half its lease (it lapses if this process

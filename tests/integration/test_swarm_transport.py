@@ -342,6 +342,52 @@ def test_one_host_holds_its_share_of_slots_and_a_newcomer_elsewhere_still_gets_i
     assert alive(node)
 
 
+@pytest.mark.timeout(90)
+def test_a_peer_holding_a_relay_reservation_survives_a_crowd_that_fills_the_node(swarm):
+    """A private node that holds a reservation on this node's relay is reached through
+    it, and says little on that connection (no mesh, no delivery): it is not pruned for
+    a newcomer. Loopback stands for two hosts of one /24 (127.0.0.1, the holder's;
+    127.0.0.2, a crowd's) and a newcomer elsewhere (127.0.1.1). The holder, the oldest
+    connection of the /24 holding most, was the one pruned before."""
+    node = swarm.start(
+        "node",
+        kind=QuickPrune,
+        reachability="public",  # it relays: public, with relay_reservations
+        relay_reservations=1,
+        max_connections=4,  # 3 slots for connections dialled to it (max_peers kept)
+        max_peers=1,
+        max_inbound_per_ip=3,
+        max_inbound_per_net=3,
+    )
+    holder, _ = swarm.rogue("reserve", node, "--linger", "60", "--source", "127.0.0.1")
+    wait_until(rogue_said(holder, "reserved 1"), 30, f"a reservation; log:\n{holder.read_text()}")
+
+    crowd, _ = swarm.rogue("crowd", node, "--count", "5", "--linger", "60", "--source", "127.0.0.2")
+    # the holder and 2 of the crowd fill the 3 slots; the rest refused at the /24's share
+    wait_until(
+        lambda: (
+            node.child_stats.get("inbound") == 3 and node.child_stats.get("inbound_capped", 0) >= 3
+        ),
+        30,
+        f"the node full; node: {node.child_stats}",
+    )
+    time.sleep(1.5)  # each has had its second: a peer giving nothing may be pruned
+    newcomer, n = swarm.rogue(
+        "crowd", node, "--count", "1", "--linger", "1", "--source", "127.0.1.1"
+    )
+    wait_until(
+        lambda: swarm.rogues[n].poll() is not None,
+        30,
+        f"the newcomer comes and goes; its log:\n{newcomer.read_text()}",
+    )
+    said = newcomer.read_text()
+    assert re.search(r"wave1 1\b", said), said  # it got in
+    assert node.child_stats["inbound_pruned"] == 1  # a crowd member made room
+    time.sleep(0.5)  # a pruned holder sees its connection closed within 0.1 s
+    assert "held 0" not in holder.read_text(), node.child_stats  # the holder stayed
+    assert alive(node)
+
+
 @pytest.mark.timeout(150)
 def test_a_banned_peer_that_left_does_not_silence_the_nodes_own_publishing(swarm):
     """py-libp2p 0.8.1 kept a banned peer's outbound queue, mesh place and

@@ -9,6 +9,7 @@ which would refuse to send what this sends). Tests run it as a subprocess:
         [--dial MULTIADDR ...] [--interval S]
     python -m tests.support.rogue crowd BOOTSTRAP_MULTIADDR TOPIC [--count N]
         [--linger S] [--then M]
+    python -m tests.support.rogue reserve BOOTSTRAP_MULTIADDR TOPIC [--linger S]
 
 - ``garbage``: opens pubsub streams to the peer and writes one frame that is not a
   protobuf RPC (``b"\\xff" * 64``), then, on a fresh stream, one that is a well-formed RPC
@@ -44,6 +45,10 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   not used): connections alone, as a stranger with many identities would hold them.
   With ``--source IP`` (a loopback address) its connections leave from that address,
   not 127.0.0.1: several crowds stand for several hosts.
+- ``reserve``: one peer dials the peer and reserves a slot on its relay (circuit relay
+  v2, HOP RESERVE), as a private node does: ``reserved 1`` (0: refused). Then it says
+  nothing more on that connection and holds it ``--linger`` s: ``held 1``; or ``held 0``
+  and it exits as soon as the peer closes it. ``--source`` as for ``crowd``.
 
 It listens on 127.0.0.1 only, dials loopback or 198.18.0.0/15 (the soak's network
 namespaces) only, and prints one line per thing it does (``peer_id``, ``addr``,
@@ -73,6 +78,11 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeerId
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
+from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
@@ -291,6 +301,34 @@ async def crowd(bootstrap: str, args: argparse.Namespace) -> None:
     say("done")
 
 
+async def reserve(bootstrap: str, args: argparse.Namespace) -> None:
+    info = info_from_p2p_addr(multiaddr.Multiaddr(bootstrap))
+    if args.source:  # as crowd's
+        trio.open_tcp_stream = functools.partial(trio.open_tcp_stream, local_address=args.source)
+    host = make_host()
+    async with host.run(listen_addrs=LISTEN):
+        say("peer_id", host.get_id().pretty())
+        await host.connect(info)
+        ok = False
+        with contextlib.suppress(Exception), trio.fail_after(10):
+            stream = await host.new_stream(info.peer_id, [HOP_PROTOCOL_ID])
+            ask = HopMessage(
+                type=HopMessage.RESERVE, peer=CircuitPeerId(id=host.get_id().to_bytes())
+            )
+            await write_delimited_msg(stream, ask)
+            answer = await read_delimited_msg(stream, HopMessage)
+            ok = answer.HasField("reservation") and StatusCode(answer.status) == StatusCode.OK
+            await stream.close()
+        say("reserved", int(ok))
+        with trio.move_on_after(args.linger):
+            while host.get_network().get_connections(info.peer_id):
+                await trio.sleep(0.1)
+            say("held 0")
+            return
+        say("held 1")
+    say("done")
+
+
 def _dialable(addr: str) -> bool:
     parts = addr.split("/")
     with contextlib.suppress(IndexError, ValueError):
@@ -301,7 +339,7 @@ def _dialable(addr: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.rogue")
-    parser.add_argument("mode", choices=["garbage", "invalid", "persist", "crowd"])
+    parser.add_argument("mode", choices=["garbage", "invalid", "persist", "crowd", "reserve"])
     parser.add_argument("bootstrap", help="/ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID")
     parser.add_argument("topic")
     parser.add_argument("--count", type=int, default=8, help="invalid messages to send")
@@ -316,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dht", action="store_true", help="serve IPFS's DHT, as 0.3 did")
     parser.add_argument("--key-dir", type=Path, help="persist: where its identity key is kept")
     parser.add_argument("--then", type=int, default=0, help="crowd: peers of the second wave")
-    parser.add_argument("--source", help="crowd: the loopback address its dials leave from")
+    parser.add_argument("--source", help="crowd, reserve: the address its dials leave from")
     args = parser.parse_args(argv)
     if not all(_dialable(a) for a in [args.bootstrap, *args.dial]):
         parser.error("the rogue peer dials 127.0.0.0/8 and 198.18.0.0/15 only")
@@ -330,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(invalid, args.bootstrap, args.topic, args)
     elif args.mode == "crowd":
         trio.run(crowd, args.bootstrap, args)
+    elif args.mode == "reserve":
+        trio.run(reserve, args.bootstrap, args)
     else:
         trio.run(persist, args.bootstrap, args.topic, args)
     return 0

@@ -321,3 +321,58 @@ def test_a_peer_that_gives_nothing_makes_room_from_the_network_holding_most() ->
     newcomer = patches.Accepted("198.18.7.9", "198.18.7.0/24", 100.0)
     assert patches.over_cap(held, newcomer, per_ip=1, per_net=2)
     assert not patches.over_cap(held, newcomer, per_ip=1, per_net=3)
+
+
+def test_a_peer_holding_a_reservation_on_this_relay_is_not_pruned_for_a_newcomer() -> None:
+    """A private node that holds a reservation on this node's relay is reached through it,
+    though it is in no mesh and delivers nothing: a newcomer takes another's slot, and the
+    holder's only once it is gone, expired or the relay stopped relaying. It keeps one
+    connection, its oldest (a second is closed as any other), and still counts in its
+    address's share of the slots."""
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+    from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+    from libp2p.relay.circuit_v2.resources import RelayLimits
+
+    from sapo_node import addresses
+    from sapo_node.net.reachability import holds_reservation
+
+    host = new_host(key_pair=create_new_key_pair())
+    limits = RelayLimits(duration=60, data=2**20, max_circuit_conns=1, max_reservations=1)
+    circuit = CircuitV2Protocol(host, limits=limits, allow_hop=True)
+    holder, other = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(2))
+    connections = host.get_network().connections
+    connections[holder] = connections[other] = [object()]  # both connected
+    circuit.resource_manager.reserve(holder)
+    assert not circuit.resource_manager.can_accept_reservation(other)  # the relay's bound
+
+    def at(ip: str, since: float, peer: object) -> patches.Accepted:
+        return patches.Accepted(ip, addresses.network_of(ip), since, peer, object())
+
+    def pruned(held: list[patches.Accepted]) -> patches.Accepted | None:
+        reserved = lambda peer: holds_reservation(circuit, peer)  # noqa: E731
+        return patches.least_giving(held, 100.0, lambda p: False, 60.0, reserved)
+
+    # the holder is the oldest of the /24 holding most: the first to go, were it idle
+    held = [at("198.18.7.1", 0.0, holder), at("198.18.7.2", 5.0, other)]
+    assert pruned(held) is held[1]
+    held[1].pruned = True  # gone for a newcomer already: none left to close
+    assert pruned(held) is None
+    held.append(at("198.18.7.1", 7.0, holder))  # the holder's second connection
+    assert pruned(held) is held[2]
+    # it holds its slots in its IP's and its /24's share all the same
+    newcomer = patches.Accepted("198.18.7.1", "198.18.7.0/24", 100.0)
+    assert patches.over_cap(held[:1], newcomer, per_ip=1, per_net=8)
+    assert patches.over_cap(held[:1], newcomer, per_ip=8, per_net=1)
+
+    held = held[:2]
+    circuit.allow_hop = False  # the node turned private: it relays for nobody
+    assert pruned(held) is held[0]
+    circuit.allow_hop = True
+    del connections[holder]  # it left: the library's reservation lives while it is connected
+    assert pruned(held) is held[0]
+    connections[holder] = [object()]
+    assert pruned(held) is None
+    circuit.resource_manager.get_reservation(holder).expires_at = 0  # expired, not renewed
+    assert pruned(held) is held[0]
