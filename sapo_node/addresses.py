@@ -27,6 +27,13 @@ is never handed on, whatever it embeds (:func:`is_mapped_addr`): a node announce
 as ``/ip4/``, and a peer's stack dials a mapped address as the IPv4 one, on its own
 network.
 
+What others say of a peer's addresses is a stranger's word: of those, a node keeps and
+dials only the ones that lead away from its own network (:func:`from_others`): an IP
+outside the LAN ranges, not a LAN or loopback one, nor a name that may resolve to one;
+unless it is local, or the peer is on its LAN. Else a hostile peer could make it open
+connections to ports of its choosing on its LAN or machine
+(docs/libp2p.md#addresses-from-strangers).
+
 The network-namespace tests use 198.18.0.0/16 as their internet and
 198.19.0.0/16, given as ``net.lan_ranges`` to every node they start, for the LANs behind
 their routers (docs/development.md).
