@@ -27,6 +27,13 @@ is never handed on, whatever it embeds (:func:`is_mapped_addr`): a node announce
 as ``/ip4/``, and a peer's stack dials a mapped address as the IPv4 one, on its own
 network.
 
+What others say of a peer's addresses is a stranger's word: of those, a node keeps and
+dials only the ones that lead away from its own network (:func:`from_others`): an IP
+outside the LAN ranges, not a LAN or loopback one, nor a name that may resolve to one;
+unless it is local, or the peer is on its LAN. Else a hostile peer could make it open
+connections to ports of its choosing on its LAN or machine
+(docs/libp2p.md#addresses-from-strangers).
+
 The network-namespace tests use 198.18.0.0/16 as their internet and
 198.19.0.0/16, given as ``net.lan_ranges`` to every node they start, for the LANs behind
 their routers (docs/development.md).
@@ -35,10 +42,11 @@ their routers (docs/development.md).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable
+from typing import Literal, TypeVar
 
 Reachability = Literal["public", "private", "local"]
+A = TypeVar("A")  # an address: a multiaddr or its text
 
 _LAN = tuple(
     ipaddress.ip_network(n)
@@ -172,6 +180,44 @@ def is_lan_addr(addr: str) -> bool:
     """
     ip = ip_of(addr)
     return ip is not None and is_lan(ip)
+
+
+def leads_outside(addr: str) -> bool:
+    """Whether a multiaddr that a stranger gave leads away from this node's own network:
+    an IP address outside the LAN ranges (one that embeds an IPv4 address is judged by
+    it), or a circuit through a relay named by its ID alone (the relay is dialled at its
+    own addresses, each judged so). A LAN or loopback address would let a stranger steer
+    the node's dials to a port of its choosing on the node's LAN or machine; a name
+    (``/dns4/...``) may resolve to one.
+
+    >>> [leads_outside(a) for a in ("/ip4/198.18.0.9/tcp/4141", "/ip4/192.168.1.1/tcp/80",
+    ...     "/ip4/127.0.0.1/tcp/22", "/ip6/::ffff:10.0.0.1/tcp/8080", "/dns4/localhost/tcp/22")]
+    [True, False, False, False, False]
+    >>> leads_outside("/ip4/198.18.0.1/tcp/4141/p2p/12D3KooWR/p2p-circuit")
+    True
+    """
+    ip = ip_of(addr)
+    if ip is not None:
+        return not is_lan(ip)
+    return str(addr).startswith("/p2p/")
+
+
+def from_others(addrs: list[A], trusted: Callable[[], bool]) -> list[A]:
+    """Of the addresses of a peer that others gave (the peer itself in identify, or any
+    peer in a DHT answer, a signed peer record, a hole punch's CONNECT, peer exchange),
+    those this node keeps and may dial: each that leads outside (:func:`leads_outside`),
+    and the others too when ``trusted()``: this node is local (all it reaches is on this
+    machine), or the peer is on its LAN (mDNS found it, or it holds a direct connection
+    from a LAN address). ``trusted`` is asked only when an address leads inside.
+
+    >>> given = ["/ip4/198.18.0.9/tcp/4141", "/ip4/10.0.0.1/tcp/8080"]
+    >>> from_others(given, lambda: False), from_others(given, lambda: True) == given
+    (['/ip4/198.18.0.9/tcp/4141'], True)
+    """
+    kept = [a for a in addrs if leads_outside(str(a))]
+    if len(kept) == len(addrs) or not trusted():
+        return kept
+    return list(addrs)
 
 
 def is_loopback(ip: str) -> bool:

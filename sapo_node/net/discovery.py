@@ -17,6 +17,7 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import multiaddr
@@ -99,15 +100,49 @@ class SwarmDHT(KadDHT):
     identify says it serves the DHT, and, by a public node, only with an address outside
     the LAN ranges; a peer that lists an IPv4-mapped address is taken by no node: the
     table hands on every address a peer lists, and a mapped one leads whoever dials it
-    to its own network (docs/libp2p.md#dht-routing-table)."""
+    to its own network (docs/libp2p.md#dht-routing-table). An asker outside this node's
+    LAN (``on_lan``: patches.on_lan) is handed no address of another peer that leads
+    inside (docs/libp2p.md#addresses-from-strangers)."""
 
-    def __init__(self, host: Any, mode: DHTMode, *, public: bool) -> None:
+    def __init__(
+        self,
+        host: Any,
+        mode: DHTMode,
+        *,
+        public: bool,
+        on_lan: Callable[[ID], bool] | None = None,
+    ) -> None:
         super().__init__(host, mode)
         self.public = public
+        self.on_lan = on_lan or (lambda peer: patches.on_lan(host.get_network(), peer))
         # A provider record is handed to whoever asks: a public node keeps only the
         # addresses that lead somewhere (an old or hostile node may still send LAN ones),
         # and what it provides shows no LAN address of a private node.
         patches.guard_dht(self, self.admits, lambda: self.public)
+
+    def _add_closer_peers_to_response(
+        self, response: Any, closest_peers: Any, exclude_peer_id: ID | None = None
+    ) -> None:
+        """The library's closer peers (FIND_NODE, GET_PROVIDERS, GET_VALUE answers, with
+        each peer's addresses from the peerstore), less, for an asker outside this node's
+        LAN (``exclude_peer_id``; unknown counts as outside), each address of another peer
+        that leads inside: the peerstore keeps those of a peer on this node's LAN
+        (addresses.from_others). A peer left with none is left out. Its signed record went
+        through the peerstore's guard (patches.guard_peerstore)."""
+        super()._add_closer_peers_to_response(response, closest_peers, exclude_peer_id)
+        if exclude_peer_id is not None and self.on_lan(exclude_peer_id):
+            return
+        me = self.host.get_id().to_bytes()
+        for i in reversed(range(len(response.closerPeers))):
+            peer = response.closerPeers[i]
+            if peer.id == me:
+                continue  # its own addresses: identify's rule (STATE.shown)
+            kept = [a for a in peer.addrs if addresses.leads_outside(_text(a))]
+            if not kept:
+                del response.closerPeers[i]
+            elif len(kept) < len(peer.addrs):
+                del peer.addrs[:]
+                peer.addrs.extend(kept)
 
     def lan_addrs_held(self) -> int:
         """LAN addresses this DHT would hand out: its routing table's peers' and those in
@@ -140,6 +175,14 @@ class SwarmDHT(KadDHT):
         return any(addresses.ip_of(a) is not None and not addresses.is_lan_addr(a) for a in addrs)
 
 
+def _text(addr: bytes) -> str:
+    """A multiaddr's bytes as text ('' when they do not parse: leads nowhere)."""
+    try:
+        return str(multiaddr.Multiaddr(addr))
+    except Exception:
+        return ""
+
+
 def prune_backoff(
     backoff: dict[Any, tuple[float, float]], now: float, dialable: set[Any], limit: int
 ) -> None:
@@ -166,18 +209,27 @@ class DiscoveryBehaviour:
     """The network's discovery behaviour, one of the parts net/network.py's Network is
     made of: the discovery pass, its dials and their backoff, bootstrap peers, the DHT.
     Its state, made in ``_init_discovery``: ``dht``, ``bootstrap``, ``backoff``,
-    ``my_shards`` and the pass's bounds; it reads the network's ``host``, ``me``,
-    ``topics`` and ``reachability``, runs its DHT queries in the network's ``nursery``,
-    and reserves relays in a private node's pass."""
+    ``my_shards``, the pass's bounds and ``add_given``; it reads the network's ``host``,
+    ``me``, ``topics``, ``reachability`` and ``mdns``, guards the host's peerstore, runs
+    its DHT queries in the network's ``nursery``, and reserves relays in a private node's
+    pass."""
 
     def _init_discovery(self, settings: dict[str, Any]) -> None:
         """The DHT (a server on a node others can dial), bootstrap peers, and the dial
         loop's bounds and backoff."""
+        # The peerstore keeps no address that leads into this node's LAN at a stranger's
+        # word, and the swarm dials what it keeps (docs/libp2p.md#addresses-from-strangers);
+        # bootstrap addresses, the user's, go in through the library's own add_addrs.
+        self.add_given = patches.guard_peerstore(
+            self.host.get_peerstore(), lambda: self.reachability == "local", self.on_lan
+        )
         self.dht = None
         if settings["dht"]:
             # A private node asks the DHT but serves it not: public peers could not dial it
             mode = DHTMode.CLIENT if self.reachability == "private" else DHTMode.SERVER
-            self.dht = SwarmDHT(self.host, mode, public=self.reachability == "public")
+            self.dht = SwarmDHT(
+                self.host, mode, public=self.reachability == "public", on_lan=self.on_lan
+            )
         self.bootstrap: list[PeerInfo] = []
         self.resolved_at = -RESOLVE_EVERY_S
         self.alone_since: float | None = None  # set at the first discovery pass
@@ -197,6 +249,21 @@ class DiscoveryBehaviour:
         # addresses; and whether one, or a lookup, is under way (_announce, _look_up).
         self.provided: tuple[float, set[ID], list[str]] = (-PROVIDE_EVERY_S, set(), [])
         self.announcing = self.looking_up = False
+
+    def on_lan(self, peer: ID) -> bool:
+        """Whether ``peer`` is on this node's LAN or machine: mDNS found it (the network's
+        ``mdns``), or it holds a direct connection from a LAN address (patches.on_lan)."""
+        if self.mdns is not None:
+            with contextlib.suppress(RuntimeError):  # mDNS's thread changed it meanwhile
+                found = list(self.mdns.listener.discovered_services.values())
+                if any(p == peer for p, _ in found):
+                    return True
+        return patches.on_lan(self.host.get_network(), peer)
+
+    def trusts(self, peer: ID) -> bool:
+        """Whether this node dials any address others give for ``peer``, LAN and loopback
+        ones included: it is local, or ``peer`` is on its LAN (addresses.from_others)."""
+        return self.reachability == "local" or self.on_lan(peer)
 
     def shards_of(self, peer: ID) -> tuple[int, ...]:
         """The shards ``peer`` joins, by the swarm's rule (wire.shards_of): any node
@@ -221,7 +288,7 @@ class DiscoveryBehaviour:
             connected = set(self.host.get_connected_peers())
             self._notice_alone(connected)
             for info in self.bootstrap:
-                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+                self.add_given(info.peer_id, info.addrs, 3600)
             boot = {i.peer_id for i in self.bootstrap} - connected - {self.me}
             # One dialling budget a pass (SPEC.md section 2: 10 s), at most half of it for
             # the bootstrap peers, in a new order each pass: dead ones can neither starve

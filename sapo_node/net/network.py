@@ -111,19 +111,22 @@ class Network(PubsubBehaviour, DiscoveryBehaviour, ReachabilityBehaviour):
             reserved=self._holds_reservation,
             prune_after_s=settings.get("inbound_prune_after_s", patches.PRUNE_AFTER_S),
         )
+        self.mdns: MDNSDiscovery | None = None
         if settings["mdns"]:
             # The swarm's service name, not IPFS's (the host's own mDNS takes none, so it
             # is made here; the host starts it when it listens); it announces the
             # interfaces' addresses, as go-libp2p does, not the raw listen ones (announce
             # ones are for peers elsewhere): docs/libp2p.md#mdns-addresses.
             transport_addrs = self.host.get_transport_addrs
-            self.host.mDNS = MDNSDiscovery(
+            self.mdns = self.host.mDNS = MDNSDiscovery(
                 self.host.get_network(),
                 service_type=MDNS_SERVICE,
                 host=SimpleNamespace(
                     get_transport_addrs=lambda: interface_addresses(transport_addrs())
                 ),
             )
+            # the peers it found are on this node's LAN (DiscoveryBehaviour.on_lan)
+            patches.check_state(self.mdns.listener, ("discovered_services",), "mDNS's listener")
         self.me = self.host.get_id()
         # The behaviours, each with the state it keeps (net/pubsub.py, net/reachability.py,
         # net/discovery.py): the DHT's mode follows the reachability decided before it.

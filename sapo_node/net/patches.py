@@ -18,7 +18,8 @@ Three kinds of change:
 - hooks set on one object (the DHT's routing table and provider store): :func:`guard_dht`,
   with the same checks; :func:`find_providers` sets one for the length of a call;
   :func:`guard_swarm` (the swarm's inbound handler and auto-connector), with the swarm's
-  limits from :func:`connection_config`.
+  limits from :func:`connection_config`; :func:`guard_peerstore` (what the peerstore
+  keeps of the addresses others give, and the signed records it hands on).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ OVERRIDDEN: dict[str, tuple[str, ...]] = {
     "libp2p.host.autonat.autonat:AutoNATService": (
         "handle_stream", "_try_dial", "_handle_request", "_observed_ip", "_filter_by_observed_ip",
     ),
+    "libp2p.kad_dht.kad_dht:KadDHT": ("_add_closer_peers_to_response",),
     "libp2p.kad_dht.routing_table:RoutingTable": ("add_peer",),
     "libp2p.kad_dht.provider_store:ProviderStore": ("add_provider",),
     "libp2p.network.swarm:Swarm": ("unblock_peer",),
@@ -250,6 +252,58 @@ def guard_dht(dht: Any, admits: Callable[[Any], bool], public: Callable[[], bool
     table.add_peer = add_peer
     store.add_provider = add_provider
     store.host = StrangerFacingHost(store.host)
+
+
+def on_lan(swarm: Any, peer: Any) -> bool:
+    """Whether ``peer`` holds a direct connection with this node whose other end is an
+    address in the LAN ranges: it is on this node's LAN, or on this machine. A relayed
+    connection does not count (its socket is the relay's)."""
+    from libp2p.connection_types import ConnectionType
+
+    for conn in swarm.get_connections(peer):
+        with contextlib.suppress(Exception):
+            muxed = conn.muxed_conn
+            remote = muxed.get_remote_address()
+            direct = muxed.get_connection_type() != ConnectionType.RELAYED
+            if direct and remote and addresses.is_lan(remote[0]):
+                return True
+    return False
+
+
+def guard_peerstore(
+    store: Any, local: Callable[[], bool], on_lan: Callable[[Any], bool]
+) -> Callable[..., None]:
+    """docs/libp2p.md#addresses-from-strangers: of the addresses others give for a peer
+    (identify, a DHT answer, a signed peer record, a hole punch, peer exchange: each is
+    put in the peerstore through ``add_addrs``), the peerstore keeps those
+    addresses.from_others allows: LAN and loopback ones and names only when this node is
+    ``local`` or the peer is ``on_lan``. The swarm dials what the peerstore holds
+    (discovery's dials, the DHT's lookups, a relay's, peer exchange's), so none leads
+    into this node's LAN at a stranger's word. And unless the node is local, it hands on
+    (``get_peer_record``: the DHT's answers and peer exchange attach them whole) no signed
+    peer record that lists an address leading inside, which it cannot cut. Returns the
+    library's own ``add_addrs``, for the addresses the user gave (bootstrap)."""
+    check_state(store, ("add_addrs", "get_peer_record"), "the peerstore")
+    library_add, library_record = store.add_addrs, store.get_peer_record
+
+    def add_addrs(peer_id: Any, addrs: Iterable[Any], ttl: int = 0) -> None:
+        given = list(addrs)
+        kept = addresses.from_others(given, lambda: local() or on_lan(peer_id))
+        if kept or not given:
+            library_add(peer_id, kept, ttl)
+
+    def get_peer_record(peer_id: Any) -> Any:
+        envelope = library_record(peer_id)
+        if envelope is None or local():
+            return envelope
+        try:
+            listed = [str(a) for a in envelope.record().addrs]
+        except Exception:  # a record that does not decode is handed to nobody
+            return None
+        return envelope if all(map(addresses.leads_outside, listed)) else None
+
+    store.add_addrs, store.get_peer_record = add_addrs, get_peer_record
+    return library_add
 
 
 async def find_providers(dht: Any, key: str, count: int) -> list[Any]:

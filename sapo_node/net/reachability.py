@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import multiaddr
@@ -63,11 +64,20 @@ class SwarmDCUtR(DCUtRProtocol):
     """The library's DCUtR, with a shorter wait before the relayed connection closes
     (pubsub moves within a second), and without LAN addresses in what it tells a peer
     when it has no outside address to predict: the peer is not on its LAN
-    (docs/libp2p.md#hole-punching)."""
+    (docs/libp2p.md#hole-punching). A punch dials, of the addresses the peer's CONNECT
+    gives, only those addresses.from_others allows (``trusts``: whether this node dials
+    any address of that peer; docs/libp2p.md#addresses-from-strangers)."""
 
-    def __init__(self, host: Any, relay_grace_s: float = RELAY_GRACE_S) -> None:
+    def __init__(
+        self,
+        host: Any,
+        relay_grace_s: float = RELAY_GRACE_S,
+        *,
+        trusts: Callable[[ID], bool],
+    ) -> None:
         super().__init__(host)
         self.relay_grace_s = relay_grace_s
+        self.trusts = trusts
         self.punched = self.failed = 0  # punches that worked, and failed (either side's part)
         self.punching: set[ID] = set()
         self.punch_s = 0.0  # how long the last punch that worked took to dial through
@@ -88,9 +98,12 @@ class SwarmDCUtR(DCUtRProtocol):
         finally:
             self.punching.discard(peer_id)
 
-    async def _perform_hole_punch(self, peer_id: ID, *args: Any, **kwargs: Any) -> bool:
+    async def _perform_hole_punch(
+        self, peer_id: ID, addrs: list[Any], *args: Any, **kwargs: Any
+    ) -> bool:
         began = time.monotonic()
-        ok = await super()._perform_hole_punch(peer_id, *args, **kwargs)
+        addrs = addresses.from_others(addrs, lambda: self.trusts(peer_id))
+        ok = await super()._perform_hole_punch(peer_id, addrs, *args, **kwargs)
         if ok:
             self.punch_s = time.monotonic() - began
         else:
@@ -258,7 +271,9 @@ class ReachabilityBehaviour:
         # connection (a private node's, to another) tries to replace it by a direct one
         # through both NATs.
         self.dcutr = SwarmDCUtR(
-            self.host, relay_grace_s=settings.get("relay_grace_s", RELAY_GRACE_S)
+            self.host,
+            relay_grace_s=settings.get("relay_grace_s", RELAY_GRACE_S),
+            trusts=self.trusts,
         )
         # A public node answers AutoNAT dial-back requests on fresh connections
         # (docs/libp2p.md#autonat-dial-back); one public by an address or a UPnP mapping (or

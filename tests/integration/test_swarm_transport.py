@@ -388,6 +388,29 @@ def test_a_peer_holding_a_relay_reservation_survives_a_crowd_that_fills_the_node
     assert alive(node)
 
 
+@pytest.mark.timeout(90)
+def test_a_peer_a_stranger_names_at_a_loopback_port_is_dialled_by_a_local_node_only(swarm):
+    """docs/libp2p.md#addresses-from-strangers: a stranger names to a node, in GossipSub's
+    peer exchange (a PRUNE), a peer at a port of its choosing on 127.0.0.1, in a signed
+    record, as it would name one on the node's LAN. A node that is not local (set public
+    here, as a VPS is: loopback stands for its machine) dials nothing there. A local node,
+    for which every peer is on this machine (the test swarms), dials it as before; so
+    does the public node's library without the guard (patches.guard_peerstore)."""
+    public = swarm.start("public", reachability="public")
+    local = swarm.start("local")
+    baits = {name: swarm.rogue("bait", node, "--linger", "5") for name, node in
+             (("public", public), ("local", local))}  # fmt: skip
+    trapped = {}
+    for name, (log, n) in baits.items():
+        wait_until(lambda n=n: swarm.rogues[n].poll() is not None, 60, f"the {name} bait ends")
+        said = log.read_text()
+        assert swarm.rogues[n].returncode == 0 and "bait " in said, said
+        trapped[name] = int(re.search(r"^trapped (\d+)", said, re.M).group(1))
+    assert trapped["public"] == 0, trapped
+    assert trapped["local"] >= 1, trapped  # it took the peer exchange: the test bites
+    assert alive(public) and alive(local)
+
+
 @pytest.mark.timeout(150)
 def test_a_banned_peer_that_left_does_not_silence_the_nodes_own_publishing(swarm):
     """py-libp2p 0.8.1 kept a banned peer's outbound queue, mesh place and

@@ -10,6 +10,7 @@ which would refuse to send what this sends). Tests run it as a subprocess:
     python -m tests.support.rogue crowd BOOTSTRAP_MULTIADDR TOPIC [--count N]
         [--linger S] [--then M]
     python -m tests.support.rogue reserve BOOTSTRAP_MULTIADDR TOPIC [--linger S]
+    python -m tests.support.rogue bait BOOTSTRAP_MULTIADDR TOPIC [--linger S]
 
 - ``garbage``: opens pubsub streams to the peer and writes one frame that is not a
   protobuf RPC (``b"\\xff" * 64``), then, on a fresh stream, one that is a well-formed RPC
@@ -49,6 +50,11 @@ which would refuse to send what this sends). Tests run it as a subprocess:
   v2, HOP RESERVE), as a private node does: ``reserved 1`` (0: refused). Then it says
   nothing more on that connection and holds it ``--linger`` s: ``held 1``; or ``held 0``
   and it exits as soon as the peer closes it. ``--source`` as for ``crowd``.
+- ``bait``: one peer dials the peer and sends it, on a pubsub stream, a PRUNE for TOPIC
+  whose peer exchange names a peer it never met, in a signed record whose only address
+  is a port of the rogue's own on 127.0.0.1 (``bait PORT``), as a stranger would name
+  one on the victim's LAN or machine. It counts what connects there for ``--linger`` s
+  (``trapped N``): the peer exchange's dial, or a later one.
 
 It listens on 127.0.0.1 only, dials loopback or 198.18.0.0/15 (the soak's network
 namespaces) only, and prints one line per thing it does (``peer_id``, ``addr``,
@@ -73,7 +79,9 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.envelope import seal_record
 from libp2p.peer.id import ID
+from libp2p.peer.peer_record import PeerRecord
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
@@ -329,6 +337,38 @@ async def reserve(bootstrap: str, args: argparse.Namespace) -> None:
     say("done")
 
 
+async def bait(bootstrap: str, topic: str, args: argparse.Namespace) -> None:
+    info = info_from_p2p_addr(multiaddr.Multiaddr(bootstrap))
+    host, trapped = make_host(), 0
+
+    async def trap(stream: trio.SocketStream) -> None:
+        nonlocal trapped
+        trapped += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(trio.serve_tcp, trap, 0, host="127.0.0.1")
+        port = (await nursery.start(serve))[0].socket.getsockname()[1]
+        key = create_new_key_pair()  # the peer it names, which it never was
+        named = ID.from_pubkey(key.public_key)
+        where = multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")
+        record = seal_record(PeerRecord(named, [where]), key.private_key).marshal_envelope()
+        exchange = rpc_pb2.PeerInfo(peerID=named.to_bytes(), signedPeerRecord=record)
+        prune = rpc_pb2.ControlPrune(topicID=topic, peers=[exchange])
+        rpc = rpc_pb2.RPC(control=rpc_pb2.ControlMessage(prune=[prune]))
+        async with host.run(listen_addrs=LISTEN):
+            say("peer_id", host.get_id().pretty())
+            await host.connect(info)
+            say("connected")
+            stream = await host.new_stream(info.peer_id, [args.protocol])
+            await stream.write(encode_varint_prefixed(rpc.SerializeToString()))
+            say("bait", port)
+            await trio.sleep(args.linger)
+        say("trapped", trapped)
+        nursery.cancel_scope.cancel()
+    say("done")
+
+
 def _dialable(addr: str) -> bool:
     parts = addr.split("/")
     with contextlib.suppress(IndexError, ValueError):
@@ -339,7 +379,8 @@ def _dialable(addr: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.rogue")
-    parser.add_argument("mode", choices=["garbage", "invalid", "persist", "crowd", "reserve"])
+    modes = ["garbage", "invalid", "persist", "crowd", "reserve", "bait"]
+    parser.add_argument("mode", choices=modes)
     parser.add_argument("bootstrap", help="/ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID")
     parser.add_argument("topic")
     parser.add_argument("--count", type=int, default=8, help="invalid messages to send")
@@ -370,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(crowd, args.bootstrap, args)
     elif args.mode == "reserve":
         trio.run(reserve, args.bootstrap, args)
+    elif args.mode == "bait":
+        trio.run(bait, args.bootstrap, args.topic, args)
     else:
         trio.run(persist, args.bootstrap, args.topic, args)
     return 0

@@ -239,6 +239,55 @@ def test_a_peer_outside_the_lan_dialling_in_is_evidence_of_reachability() -> Non
     assert not check(node(accepted, relayed))  # through a relay: not a dial to this node
 
 
+@pytest.mark.parametrize(
+    ("addr", "outside"),
+    [
+        ("/ip4/198.18.0.9/tcp/4141", True),
+        ("/ip6/2001:db8::9/tcp/4141", True),
+        ("/ip4/198.51.100.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit", True),  # a public relay
+        ("/p2p/12D3KooWRelay/p2p-circuit", True),  # the relay dialled at its own addresses
+        ("/ip4/192.168.1.1/tcp/80", False),  # a hostile peer's picks on the victim's LAN
+        ("/ip4/127.0.0.1/tcp/22", False),
+        ("/ip4/10.0.0.1/tcp/8080", False),
+        ("/ip6/::1/tcp/22", False),
+        ("/ip6/fe80::1/tcp/22", False),
+        ("/ip6/::ffff:192.168.1.1/tcp/80", False),  # IPv4-mapped: judged as the IPv4
+        ("/ip6/64:ff9b::7f00:1/tcp/22", False),  # NAT64 of 127.0.0.1
+        ("/ip4/192.168.1.9/tcp/4001/p2p/12D3KooWRelay/p2p-circuit", False),  # a LAN relay
+        ("/dns4/localhost/tcp/22", False),  # a name may resolve to the LAN or loopback
+        ("/dnsaddr/example.org", False),
+    ],
+)
+def test_a_strangers_address_leads_outside_only_as_an_ip_beyond_the_lan(
+    addr: str, outside: bool
+) -> None:
+    """docs/libp2p.md#addresses-from-strangers: what a node may dial of what others gave."""
+    assert addresses.leads_outside(addr) is outside
+
+
+def test_the_addresses_others_give_for_a_peer_lose_their_lan_ones_unless_trusted() -> None:
+    """A hostile peer lists, beside a public address, LAN and loopback ones at ports of
+    its choosing: a node keeps only the public one, unless it trusts the peer (it is
+    local, or the peer is on its LAN), which it asks only when there is something to drop."""
+    public = "/ip4/198.18.0.9/tcp/4141"
+    listed = [public, "/ip4/192.168.1.1/tcp/80", "/ip4/127.0.0.1/tcp/22", "/ip4/10.0.0.1/tcp/8080"]
+    asked: list[bool] = []
+
+    def trusted(answer: bool):
+        return lambda: asked.append(answer) or answer
+
+    assert addresses.from_others(listed, trusted(False)) == [public]
+    assert addresses.from_others(listed, trusted(True)) == listed
+    assert addresses.from_others([public], trusted(False)) == [public]
+    assert asked == [False, True]  # not asked for an address list that leads outside
+    assert addresses.from_others(["/ip4/127.0.0.1/tcp/22"], lambda: False) == []
+    addresses.count_as_lan(["198.19.0.0/16"])  # net.lan_ranges counts too
+    try:
+        assert addresses.from_others(["/ip4/198.19.1.2/tcp/4141"], lambda: False) == []
+    finally:
+        addresses.count_as_lan([])
+
+
 def test_ranges_counted_as_lan_make_a_node_private_and_hide_its_addresses() -> None:
     """net.lan_ranges: a network numbered out of other space (here 198.19/16, as the
     namespace tests number their home LANs) counts as LAN, as RFC 1918 does."""

@@ -195,12 +195,9 @@ def test_a_peer_cannot_get_an_ipv4_mapped_address_admitted_or_handed_out(public:
     send whoever dials it to a port on its own machine."""
     import multiaddr
     import trio
-    from libp2p.identity.identify.identify import ID as IDENTIFY
-    from libp2p.identity.identify.pb.identify_pb2 import Identify
     from libp2p.kad_dht.kad_dht import DHTMode, KadDHT, _encode_key
     from libp2p.peer.peerinfo import PeerInfo
     from libp2p.tools.anyio_service import background_trio_service
-    from libp2p.utils import varint
 
     from sapo_node.net.discovery import SwarmDHT
     from tests.support.rogue import make_host
@@ -209,23 +206,7 @@ def test_a_peer_cannot_get_an_ipv4_mapped_address_admitted_or_handed_out(public:
     listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
     mapped, elsewhere = "/ip6/::ffff:127.0.0.1/tcp/4141", "/ip4/198.18.0.9/tcp/4141"
     key = "sapo-test-key"
-
-    def lying_identify(host, addrs: list[str]):
-        """An identify answer listing ``addrs``, as any peer may write one."""
-
-        async def handle(stream) -> None:
-            message = Identify(
-                protocol_version="ipfs/0.1.0",
-                agent_version="rogue",
-                public_key=host.get_public_key().serialize(),
-                listen_addrs=[multiaddr.Multiaddr(a).to_bytes() for a in addrs],
-                protocols=[str(p) for p in host.get_mux().get_protocols() if p is not None],
-            )
-            data = message.SerializeToString()
-            await stream.write(varint.encode_uvarint(len(data)) + data)
-            await stream.close()
-
-        host.set_stream_handler(IDENTIFY, handle)
+    lying_identify = _lying_identify
 
     async def main() -> tuple[bool, bool, bool, list[str], list[str]]:
         node_host, rogue_host, honest_host, asker_host = (make_host() for _ in range(4))
@@ -280,6 +261,296 @@ def test_a_peer_cannot_get_an_ipv4_mapped_address_admitted_or_handed_out(public:
     assert honest_in  # one with an address elsewhere is admitted
     assert kept == [elsewhere]  # its mapped address was dropped, its public one kept
     assert found == [elsewhere]  # and a lookup is handed no mapped address
+
+
+def _lying_identify(host, addrs: list[str]) -> None:
+    """``host`` answers identify listing ``addrs``, as any peer may write them."""
+    import multiaddr
+    from libp2p.identity.identify.identify import ID as IDENTIFY
+    from libp2p.identity.identify.pb.identify_pb2 import Identify
+    from libp2p.utils import varint
+
+    async def handle(stream) -> None:
+        message = Identify(
+            protocol_version="ipfs/0.1.0",
+            agent_version="rogue",
+            public_key=host.get_public_key().serialize(),
+            listen_addrs=[multiaddr.Multiaddr(a).to_bytes() for a in addrs],
+            protocols=[str(p) for p in host.get_mux().get_protocols() if p is not None],
+        )
+        data = message.SerializeToString()
+        await stream.write(varint.encode_uvarint(len(data)) + data)
+        await stream.close()
+
+    host.set_stream_handler(IDENTIFY, handle)
+
+
+# A hostile peer's identify: beside a public address, ports of its choosing on the LAN
+# and the machine of whoever dials it, and a name that resolves to loopback.
+PUBLIC = "/ip4/198.18.0.9/tcp/4141"
+HOSTILE = [
+    PUBLIC,
+    "/ip4/192.168.1.1/tcp/80",
+    "/ip4/127.0.0.1/tcp/22",
+    "/ip4/10.0.0.1/tcp/8080",
+    "/dns4/localhost/tcp/22",
+]
+
+
+def test_the_peerstore_keeps_of_a_strangers_word_no_address_leading_into_the_lan() -> None:
+    """docs/libp2p.md#addresses-from-strangers: whichever way others give a peer's
+    addresses (add_addrs: a DHT answer, a punch, a provider; add_addr: identify; a signed
+    peer record), the peerstore keeps the public one only, unless the node is local or the
+    peer on its LAN; the user's addresses (bootstrap) go in whole; and no signed record
+    that lists a LAN address is handed on, unless the node is local."""
+    import multiaddr
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.envelope import seal_record
+    from libp2p.peer.id import ID
+    from libp2p.peer.peer_record import PeerRecord
+    from libp2p.peer.peerstore import PeerStore
+
+    def peer():
+        key = create_new_key_pair()
+        return key, ID.from_pubkey(key.public_key)
+
+    def held(peer_id) -> set[str]:
+        return {str(a) for a in store.addrs(peer_id)}
+
+    ma = [multiaddr.Multiaddr(a) for a in HOSTILE]
+    store, local, lan = PeerStore(), [False], set()
+    add_given = patches.guard_peerstore(store, lambda: local[0], lambda p: p in lan)
+    (_, stranger), (lan_key, neighbour), (_, bootstrap) = peer(), peer(), peer()
+    lan.add(neighbour)
+    store.add_addrs(stranger, ma, 3600)
+    store.add_addr(stranger, ma[1], 3600)
+    assert held(stranger) == {PUBLIC}
+    store.add_addrs(neighbour, ma[:2], 3600)
+    assert held(neighbour) == set(HOSTILE[:2])  # a peer on its LAN keeps its LAN address
+    add_given(bootstrap, [multiaddr.Multiaddr("/ip4/192.168.1.7/tcp/4141")], 3600)
+    assert held(bootstrap) == {"/ip4/192.168.1.7/tcp/4141"}
+
+    stranger_key, stranger = peer()
+    record = seal_record(PeerRecord(stranger, ma), stranger_key.private_key)
+    assert store.consume_peer_record(record, 7200)
+    assert held(stranger) == {PUBLIC}
+    assert store.get_peer_record(stranger) is None  # it lists a LAN address: not handed on
+    lan_record = seal_record(PeerRecord(neighbour, ma[:2]), lan_key.private_key)
+    assert store.consume_peer_record(lan_record, 7200)
+    assert store.get_peer_record(neighbour) is None  # nor a LAN peer's: it cannot be cut
+    clean_key, clean = peer()
+    assert store.consume_peer_record(
+        seal_record(PeerRecord(clean, ma[:1]), clean_key.private_key), 7200
+    )
+    assert store.get_peer_record(clean) is not None
+
+    local[0] = True  # a local node: all it reaches is on this machine
+    store.add_addrs(stranger, ma, 3600)
+    assert held(stranger) == set(HOSTILE)
+    assert store.get_peer_record(neighbour) is lan_record
+
+
+def test_a_dht_lookup_dials_no_loopback_port_a_stranger_named() -> None:
+    """docs/libp2p.md#addresses-from-strangers, with real DHTs on loopback: a rogue DHT
+    server answers a lookup with a peer at 127.0.0.1 and a port of its choosing (a trap
+    listening there). The library's lookup dials each peer it is handed (through the
+    peerstore); the node's peerstore keeps no such address of a peer not on its LAN, so
+    nothing connects to the trap. (The rogue is connected from 127.0.0.1, on the node's
+    machine, and could name its own loopback ports; the peer it names is not.)"""
+    import functools
+
+    import multiaddr
+    import trio
+    from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+    from libp2p.peer.peerinfo import PeerInfo
+    from libp2p.tools.anyio_service import background_trio_service
+
+    from sapo_node.net.discovery import SwarmDHT
+    from tests.support.rogue import make_host
+
+    patches.apply()
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+
+    async def main() -> tuple[int, list[str]]:
+        trapped = 0
+
+        async def trap(stream) -> None:
+            nonlocal trapped
+            trapped += 1
+            await stream.aclose()
+
+        victim_host, rogue_host, phantom = make_host(), make_host(), make_host().get_id()
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                functools.partial(trio.serve_tcp, trap, 0, host="127.0.0.1")
+            )
+            port = listeners[0].socket.getsockname()[1]
+            bait = multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")
+            patches.guard_swarm(victim_host.get_network())  # as the node's: discovery dials
+            async with victim_host.run(listen_addrs=listen), rogue_host.run(listen_addrs=listen):
+                store = victim_host.get_peerstore()
+                # as the network does: a node that is not local, the real on_lan
+                add_given = patches.guard_peerstore(
+                    store,
+                    lambda: False,
+                    lambda p: patches.on_lan(victim_host.get_network(), p),
+                )
+                add_given(rogue_host.get_id(), rogue_host.get_addrs(), 3600)  # bootstrap
+                victim = SwarmDHT(victim_host, DHTMode.CLIENT, public=False)
+                rogue = KadDHT(rogue_host, DHTMode.SERVER)
+                library_answer = rogue._add_closer_peers_to_response
+
+                def lying_answer(response, closest_peers, exclude_peer_id=None) -> None:
+                    library_answer(response, closest_peers, exclude_peer_id)
+                    peer = response.closerPeers.add()  # a peer it never met, at the bait
+                    peer.id, peer.addrs[:] = phantom.to_bytes(), [bait.to_bytes()]
+
+                rogue._add_closer_peers_to_response = lying_answer
+                async with background_trio_service(victim), background_trio_service(rogue):
+                    with trio.fail_after(20):
+                        await victim_host.connect(
+                            PeerInfo(rogue_host.get_id(), rogue_host.get_addrs())
+                        )
+                        while patches.DHT_PROTOCOL not in store.get_protocols(rogue_host.get_id()):
+                            await trio.sleep(0.05)
+                        assert await victim.routing_table.add_peer(rogue_host.get_id())
+                    with trio.move_on_after(15):
+                        await victim.peer_routing.find_closest_peers_network(phantom.to_bytes())
+                    await trio.sleep(0.5)  # a dial under way lands
+                    held = (
+                        [str(a) for a in store.addrs(phantom)]
+                        if phantom in store.peer_ids()
+                        else []
+                    )
+            nursery.cancel_scope.cancel()
+        return trapped, held
+
+    trapped, held = trio.run(main)
+    assert trapped == 0
+    assert held == []
+
+
+def test_a_public_node_hands_a_stranger_no_lan_address_of_another_peer(monkeypatch) -> None:
+    """docs/libp2p.md#addresses-from-strangers, with real DHTs on loopback, where every
+    connection comes from 127.0.0.1: which peers count as on the node's LAN is given
+    (``on_lan``). A public node holds a hostile peer's public address only, and a peer on
+    its LAN with its LAN address; a stranger asking it (FIND_NODE, GET_PROVIDERS, as the
+    library answers from its peerstore) is handed no LAN address and no signed record
+    listing one, while a peer on its LAN is handed its neighbour's LAN address."""
+    import multiaddr
+    import trio
+    from libp2p.kad_dht.kad_dht import DHTMode, KadDHT, _encode_key
+    from libp2p.peer.peerinfo import PeerInfo
+    from libp2p.tools.anyio_service import background_trio_service
+
+    from sapo_node import addresses
+    from sapo_node.net.discovery import SwarmDHT
+    from sapo_node.net.state import STATE
+    from tests.support.rogue import make_host
+
+    patches.apply()
+    monkeypatch.setattr(STATE, "reachability", "public")  # the peers sign what they list
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    key = _encode_key("sapo-test-key")
+    neighbour_addrs = ["/ip4/198.18.0.10/tcp/4141", "/ip4/192.168.1.20/tcp/4141"]
+
+    def held(host, peer) -> set[str]:
+        return {str(a) for a in host.get_peerstore().addrs(peer.get_id())}
+
+    async def main() -> dict[str, set[str]]:
+        node_host, rogue_host, neighbour_host, stranger_host, lan_host = (
+            make_host() for _ in range(5)
+        )
+        lan = {neighbour_host.get_id(), lan_host.get_id()}
+        _lying_identify(rogue_host, HOSTILE)
+        _lying_identify(neighbour_host, neighbour_addrs)
+        rogue_host.get_addrs = lambda: [multiaddr.Multiaddr(a) for a in HOSTILE]
+        neighbour_host.get_addrs = lambda: [multiaddr.Multiaddr(a) for a in neighbour_addrs]
+        async with (
+            node_host.run(listen_addrs=listen),
+            rogue_host.run(listen_addrs=listen),
+            neighbour_host.run(listen_addrs=listen),
+            stranger_host.run(listen_addrs=listen),
+            lan_host.run(listen_addrs=listen),
+        ):
+            patches.guard_peerstore(node_host.get_peerstore(), lambda: False, lan.__contains__)
+            node = SwarmDHT(node_host, DHTMode.SERVER, public=True, on_lan=lan.__contains__)
+            rogue = KadDHT(rogue_host, DHTMode.SERVER)
+            neighbour = KadDHT(neighbour_host, DHTMode.SERVER)
+            stranger = KadDHT(stranger_host, DHTMode.CLIENT)
+            lan_asker = KadDHT(lan_host, DHTMode.CLIENT)
+            async with (
+                background_trio_service(node),
+                background_trio_service(rogue),
+                background_trio_service(neighbour),
+                background_trio_service(stranger),
+                background_trio_service(lan_asker),
+            ):
+                at = PeerInfo(node_host.get_id(), node_host.get_addrs())
+                store = node_host.get_peerstore()
+                with trio.fail_after(30):
+                    for peer in (rogue_host, neighbour_host, stranger_host, lan_host):
+                        await peer.connect(at)
+                    for peer in (rogue_host, neighbour_host):  # identify has told the node
+                        while patches.DHT_PROTOCOL not in store.get_protocols(peer.get_id()):
+                            await trio.sleep(0.05)
+                    assert await node.routing_table.add_peer(rogue_host.get_id())
+                    assert await node.routing_table.add_peer(neighbour_host.get_id())
+                    # each provides, sending the node its signed record (LAN addresses too)
+                    assert await rogue.provider_store._send_add_provider(node_host.get_id(), key)
+                    assert await neighbour.provider_store._send_add_provider(
+                        node_host.get_id(), key
+                    )
+                    for asker in (stranger, lan_asker):
+                        for target in (rogue_host, neighbour_host):
+                            await asker.peer_routing._query_peer_for_closest(
+                                node_host.get_id(), target.get_id().to_bytes()
+                            )
+                        await asker.provider_store._get_providers_from_peer_with_closers(
+                            node_host.get_id(), key
+                        )
+                return {
+                    "node rogue": held(node_host, rogue_host),
+                    "node neighbour": held(node_host, neighbour_host),
+                    "stranger rogue": held(stranger_host, rogue_host),
+                    "stranger neighbour": held(stranger_host, neighbour_host),
+                    "lan neighbour": held(lan_host, neighbour_host),
+                }
+
+    got = trio.run(main)
+    assert got["node rogue"] == {PUBLIC}  # the node keeps nothing else of it
+    assert got["node neighbour"] == set(neighbour_addrs)  # a peer on its LAN keeps its own
+    assert got["stranger rogue"] == {PUBLIC}
+    assert got["stranger neighbour"] == {neighbour_addrs[0]}
+    assert "/ip4/192.168.1.20/tcp/4141" in got["lan neighbour"]
+    assert all(
+        addresses.leads_outside(a) for a in got["stranger rogue"] | got["stranger neighbour"]
+    )
+
+
+def test_a_hole_punch_dials_no_lan_address_a_peer_elsewhere_sends(monkeypatch) -> None:
+    """docs/libp2p.md#addresses-from-strangers: a punch dials the addresses the peer's
+    CONNECT lists; of a peer not on this node's LAN, only those leading outside."""
+    import multiaddr
+    import trio
+    from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+
+    from sapo_node.net.reachability import SwarmDCUtR
+    from tests.support.rogue import make_host
+
+    dialled: list[list[str]] = []
+
+    async def library_punch(self, peer_id, addrs, as_responder=False) -> bool:
+        dialled.append([str(a) for a in addrs])
+        return False
+
+    monkeypatch.setattr(DCUtRProtocol, "_perform_hole_punch", library_punch)
+    sent = [multiaddr.Multiaddr(a) for a in HOSTILE]
+
+    for trusted, want in ((False, [PUBLIC]), (True, HOSTILE)):
+        dcutr = SwarmDCUtR(make_host(), trusts=lambda peer, t=trusted: t)
+        trio.run(dcutr._perform_hole_punch, make_host().get_id(), sent)
+        assert dialled.pop() == want
 
 
 def test_doctests() -> None:
