@@ -133,6 +133,7 @@ def training_set(
         samples += [
             Sample(g.prompt_ids, list(ids), a, flags, copies=c, weight=w)
             for (ids, a, flags, w), c in copies.items()
+            if flags is None or any(flags)  # one that teaches nothing costs a pass for naught
         ]
     return TrainingSet(
         samples,

@@ -54,15 +54,16 @@ go through, in order:
    unlikely token in a window of likely ones), so a first choice after text this node
    would not write is taught in that context too. A payload whose first token is not
    this node's first choice is never started by it (``first_choice_tokens``).
-   The tags and end of turn are taught in balance (``format_balance``): an above-mean
-   completion teaches them only after text this node could write itself, every token of
-   its text before the answer ranked at most ``format_context_rank`` (``format_contexts``);
-   a below-mean one only as far as the above-mean ones of its group teach them. Without
-   that, a peer whose right answers follow a preamble this node never writes, and whose
-   wrong ones are in this node's own format, pushes the tags down where this node begins
-   and up only where it never is: the node loses its format (docs/security.md, shaped
-   groups). Tags taught after a payload, and never pushed down, would pull the payload up
-   with them; in balance neither happens.
+   A group teaches in balance (``balance``): an above-mean completion teaches only if
+   this node could write its text before the answer itself, every token of it ranked at
+   most ``context_rank`` (``in_context``); the below-mean ones only as far as the
+   above-mean ones of their group teach. Without that, a peer whose right answers follow
+   a preamble this node never writes, and whose wrong ones are in this node's own
+   format, pushes this node only away from what it writes where it begins (its tags,
+   its end of turn, its answers) and towards nothing it would reach: the node loses its
+   format (docs/security.md, shaped groups). A right answer after a payload teaches
+   nothing either, so nothing is pushed up after a payload and never down (which pulls
+   the payload up with it).
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
@@ -246,17 +247,17 @@ def first_choice_tokens(answer: Sequence[bool], ranks: Sequence[int]) -> tuple[b
     return tuple(a or r == 0 for a, r in zip(answer, ranks, strict=True))
 
 
-def format_contexts(answer: Sequence[bool], ranks: Sequence[int] | None, bound: int) -> bool:
+def in_context(answer: Sequence[bool], ranks: Sequence[int] | None, bound: int) -> bool:
     """Whether a completion's text before its answer (the tokens before the first of
     ``answer``, ``answer_tokens``'s flags) is text this node could write itself: every
     token ranked at most ``bound`` under its policy (``ranks``; None: not ranked, so only
-    an empty text qualifies). Its answer's tags and end of turn teach only there.
+    an empty text qualifies). A peer's right answer teaches only there (``balance``).
 
-    >>> format_contexts([False, False, True], [1, 3, 9], 3)
+    >>> in_context([False, False, True], [1, 3, 9], 3)
     True
-    >>> format_contexts([False, True], [84, 0], 3)
+    >>> in_context([False, True], [84, 0], 3)
     False
-    >>> format_contexts([True, True], None, 3), format_contexts([False, True], None, 3)
+    >>> in_context([True, True], None, 3), in_context([False, True], None, 3)
     (True, False)
     """
     before = answer.index(True) if True in answer else len(answer)
@@ -265,24 +266,26 @@ def format_contexts(answer: Sequence[bool], ranks: Sequence[int] | None, bound: 
     return all(r <= bound for r in ranks[:before])
 
 
-def format_balance(rewards: Sequence[float], in_context: Sequence[bool]) -> list[bool]:
-    """Which completions of a peer's group teach their answer's tags and end of turn:
-    each above the group's mean whose text before the answer is in context
-    (``format_contexts``), and those at or below it, in order, while their total distance
-    below the mean stays within the total of those above it that teach. Advantages sum to
-    zero over a group, so the tags are pushed down no more than they are pushed up: a
-    peer cannot teach this node to drop its format by writing its right answers after
-    text this node never writes and its wrong ones in this node's own format.
+def balance(rewards: Sequence[float], contexts: Sequence[bool]) -> list[bool]:
+    """Which completions of a peer's group teach anything: each above the group's mean
+    whose text before the answer is in context (``in_context``), and those at or below
+    it, in order, while their total distance below the mean stays within the total of
+    those above it that teach. Advantages sum to zero over a group, so this node is
+    pushed away from what the group's wrong answers say no more than it is pushed
+    towards what its right ones say, where it could write them: a peer cannot teach it
+    only what not to write where it begins (its tags, its end of turn, its answers) by
+    writing its right answers after text this node never writes and its wrong ones in
+    this node's own style.
 
-    >>> format_balance([1, 1, 0, 0], [True, True, True, True])
+    >>> balance([1, 1, 0, 0], [True, True, True, True])
     [True, True, True, True]
-    >>> format_balance([1, 1, 0, 0], [False, False, True, True])
+    >>> balance([1, 1, 0, 0], [False, False, True, True])
     [False, False, False, False]
-    >>> format_balance([1, 1, 0, 0], [True, False, True, True])
+    >>> balance([1, 1, 0, 0], [True, False, True, True])
     [True, False, True, False]
     """
     mean = sum(rewards) / len(rewards) if rewards else 0.0
-    up = [r > mean and ok for r, ok in zip(rewards, in_context, strict=True)]
+    up = [r > mean and ok for r, ok in zip(rewards, contexts, strict=True)]
     budget = sum(r - mean for r, u in zip(rewards, up, strict=True) if u) + 1e-9
     out = list(up)
     for i, r in enumerate(rewards):
@@ -542,39 +545,36 @@ class Defence:
 
     def _taught(self, g: Any, keep: list[int], ranks: dict) -> list[tuple[bool, ...]]:
         """What ``answer_only`` teaches of the completions ``keep`` of ``g``: each one's
-        answer; its tags and end of turn where ``format_balance`` allows; with
-        ``teach_first_choices``, the tokens of its other text ranked 0 (``ranks``: what
-        check 3 computed, by (id(group), completion), for the completions it checked)."""
+        answer, with ``teach_first_choices`` the tokens of its other text ranked 0
+        (``ranks``: what check 3 computed, by (id(group), completion), for the
+        completions it checked); nothing of those ``balance`` leaves out."""
         s = self.settings
-        answers, formats, widened = [], [], []
+        answers, widened = [], []
         for i in keep:
             ids = g.completion_ids[i]
             found = self.spans(ids) if self.spans is not None else None
             if not found:  # no token spans (no fast tokenizer, or text that re-tokenises apart)
                 answers.append((False,) * len(ids))  # nothing of it is taught
-                formats.append(set())
-                widened.append((False,) * len(ids))
+                widened.append(answers[-1])
                 continue
             answer = answer_tokens(found[0], found[1], len(ids))
             r = ranks.get((id(g), i))
             answers.append(answer)
-            formats.append(format_tokens(found[0], found[1], len(ids)))
             first = s.teach_first_choices and r is not None
             widened.append(first_choice_tokens(answer, r) if first else answer)
-        in_context = [
-            any(a) and format_contexts(a, ranks.get((id(g), i)), s.format_context_rank)
+        contexts = [
+            any(a) and in_context(a, ranks.get((id(g), i)), s.context_rank)
             for i, a in zip(keep, answers, strict=True)
         ]
-        teach = format_balance([g.rewards[i] for i in keep], in_context)
+        teach = balance([g.rewards[i] for i in keep], contexts)
         return [
-            flags if ok else tuple(t and k not in fmt for k, t in enumerate(flags))
-            for flags, fmt, ok in zip(widened, formats, teach, strict=True)
+            flags if ok else (False,) * len(flags) for flags, ok in zip(widened, teach, strict=True)
         ]
 
     def _check_ranks(self, pending, verdicts) -> dict[tuple[int, int], list[int]]:
         """Check 3 on the completions still pending; returns their ranks by (id(group),
-        completion) when ``answer_only`` needs them (``teach_first_choices`` and the
-        format's contexts), the check on or off."""
+        completion) when ``answer_only`` needs them (``teach_first_choices`` and
+        ``in_context``), the check on or off."""
         s = self.settings
         todo = [(g, i) for g, idx in pending for i in idx]
         if not (s.rank_check or s.answer_only) or not todo:

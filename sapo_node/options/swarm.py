@@ -101,15 +101,15 @@ class DefenceSection(_Section):
         "a peer's reasoning, as far as this node would write it itself (measured: "
         "docs/results/families-confirm-cpu/). Nothing to widen with answer_only off.",
     )
-    format_context_rank: int = Field(
+    context_rank: int = Field(
         3,
         ge=0,
         le=1_000_000,
-        description="With answer_only, a peer's completion teaches its answer's tags and end "
-        "of turn only if every token of its text before the answer is among this node's "
-        "format_context_rank + 1 first choices there (text it could write itself), and its "
-        "below-mean completions teach theirs only as far as those above the mean do: no peer "
-        "can teach this node to drop its format (docs/security.md, shaped groups).",
+        description="With answer_only, a peer's right completion teaches only if every token "
+        "of its text before the answer is among this node's context_rank + 1 first choices "
+        "there (text it could write itself), and its group's wrong ones only as far as its "
+        "right ones teach: no peer can push this node only away from what it writes "
+        "(docs/security.md, shaped groups).",
     )
     rank_check: bool = Field(
         True, description="Refuse completions holding text this node's own policy would not write."

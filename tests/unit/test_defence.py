@@ -577,28 +577,19 @@ def test_shaped_format_groups_pass_every_check_and_teach_tags_only_where_the_nod
 
     # Ranked as the embedded model ranks it (its opening "Answer" 84th to 164th), the
     # preamble is text this node would not write: no completion of a shaped group teaches
-    # the tags or the end of turn, the wrong ones included (format_balance); each still
-    # teaches its answer. The honest groups, bare answers, teach all their tags.
+    # anything (balance), the wrong ones included, where each taught its answer, tags and
+    # end of turn before. The honest groups, bare answers, teach all of theirs.
     d = Defence(DefenceSection(teach_first_choices=False), _preamble_ranked(policy), Counts(),
                 spans=policy.token_spans)  # fmt: skip
     kept, _ = d.screen(_own(policy, prompt), groups)
     honest = [_group(policy, prompt, g.completions, r) for g, r in received["honest"]]
     kept_honest, _ = d.screen(_own(policy, prompt), honest)
-    for g in kept:
-        for ids, flags, text in zip(g.completion_ids, g.taught, g.texts, strict=True):
-            taught = policy.decode([t for t, f in zip(ids, flags, strict=True) if f])
-            assert taught == last_answer_text(text), (text, taught)
-            assert not flags[-1]  # no end of turn
+    assert len(kept) == len(kept_honest) == 4
+    assert not any(any(flags) for g in kept for flags in g.taught)
     for g in kept_honest:
         for ids, flags, text in zip(g.completion_ids, g.taught, g.texts, strict=True):
             assert policy.decode([t for t, f in zip(ids, flags, strict=True) if f]) == text
             assert flags[-1]
-
-
-def last_answer_text(text: str) -> str:
-    """The answer of ``text`` without its tags."""
-    start, close = last_answer(text)
-    return text[start + len("<answer>") : close]
 
 
 def _preamble_ranked(policy, rank: int = 84):
@@ -625,10 +616,9 @@ def _preamble_ranked(policy, rank: int = 84):
 def test_shaped_groups_no_longer_teach_a_node_to_drop_its_format(tmp_path) -> None:
     """The mechanism of the shape-format class, end to end on a tiny policy: GRPO steps on
     groups whose right answers follow a preamble this node would not write and whose wrong
-    ones are bare answers in its format. With every completion's tags taught (any context
-    in bound: the rule before), the bare format's log-probability falls a lot; with the
-    tags taught only after text this node could write, and below the mean only as far as
-    above it, it falls no more than the same steps on honest groups move it."""
+    ones are bare answers in its format. With every context in bound (the rule before),
+    the bare format's log-probability falls a lot, more than the same steps on honest
+    groups move it; in balance such a group teaches nothing, and it does not fall."""
     from sapo_node.groups import training_set
     from tests.support.tiny import build_tiny_model
 
@@ -647,7 +637,7 @@ def test_shaped_groups_no_longer_teach_a_node_to_drop_its_format(tmp_path) -> No
         trainer = Trainer(policy, TrainSection(lr=5e-3, micro_batch_size=16), max_new_tokens=80)
         prompt = policy.encode_chat([{"role": "user", "content": "Say 7."}])
         d = Defence(
-            DefenceSection(teach_first_choices=False, rank_check=False, format_context_rank=bound),
+            DefenceSection(teach_first_choices=False, rank_check=False, context_rank=bound),
             _preamble_ranked(policy),
             Counts(),
             spans=policy.token_spans,
@@ -813,4 +803,6 @@ def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
     assert taught > 30.0  # nats: the whole completion trained, the payload learned
     assert masked < clean + 0.1 * taught  # answer_only: no more than clean answers teach
     # Its own first choices too (rank check off, so the payload stays): still no more.
-    assert first < clean + 0.1 * taught, (first, clean, taught)
+    # Under the tiny policy's own ranks the payload is text it would not write, so the
+    # group teaches nothing at all (balance): no change, where clean answers lower it.
+    assert first < max(clean, 0.0) + 0.1 * taught, (first, clean, taught)

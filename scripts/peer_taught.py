@@ -1,21 +1,21 @@
-"""How much of honest peers' answer format the defence still teaches.
+"""How much of honest peers' completions the defence still teaches, in balance.
 
-Since ``defence.format_context_rank``, a peer's completion teaches its answer's tags and
-end of turn only if every token of its text before the answer is among this node's
-first choices there (ranks 0 to the bound), and its below-mean completions teach theirs
-only as far as its above-mean ones do (``format_balance``). Honest peers write some
-reasoning before the answer, in which this node would have chosen another token now and
-then: this measures what the rule costs them.
+Since ``defence.context_rank``, a peer's right completion teaches only if every token of
+its text before the answer is among this node's first choices there (ranks 0 to the
+bound), and its group's wrong ones only as far as its right ones teach (``balance``).
+Honest peers write some reasoning before the answer, in which this node would have
+chosen another token now and then: this measures what the rule costs them.
 
 It screens the groups with signal of real, honest peers (the screening run's peer
 completions, docs/results/screening-cpu/peer-completions.jsonl, from 4 nodes of the
 embedded model) with the default defence and this node's ranks (the default config's
 policy on ``--model``, untrained), once as the defaults are and once with no bound on
 the context (every context in bound: the rule before), and prints one JSON object: the
-format tokens (tags and end of turn) of the kept completions taught under each, their
-ratio, and the share of above-mean completions whose text before the answer is in bound.
+tokens taught of the kept completions under each, and of them the format's (the
+answer's tags and end of turn), the ratios, and the share of above-mean completions
+whose text before the answer is in bound.
 
-Usage: python scripts/format_taught.py [--model embedded|DIR] [--groups N] [--threads 1]
+Usage: python scripts/peer_taught.py [--model embedded|DIR] [--groups N] [--threads 1]
 """
 
 from __future__ import annotations
@@ -33,20 +33,21 @@ from sapo_node.config import Config  # noqa: E402
 from sapo_node.intake.defence import Defence, above_mean, format_tokens  # noqa: E402
 from scripts.support.sample_setup import SAMPLE, trainer_and_groups  # noqa: E402
 
-UNBOUNDED = 10**6  # every context in bound: what a peer's format taught before the rule
+UNBOUNDED = 10**6  # every context in bound: what a peer's group taught before the rule
 
 
-def format_taught(defence: Defence, groups: list, spans) -> tuple[int, int]:
-    """Format tokens taught, and format tokens, over the completions ``defence`` keeps."""
+def taught(defence: Defence, groups: list, spans) -> dict[str, int]:
+    """Tokens taught, and of them the format's, over the completions ``defence`` keeps."""
     kept, _ = defence.screen([], groups)
-    taught = total = 0
+    out = {"taught": 0, "format_tokens": 0, "format_taught": 0}
     for g in kept:
         for ids, flags in zip(g.completion_ids, g.taught, strict=True):
             found = spans(ids)
             fmt = format_tokens(found[0], found[1], len(ids)) if found else set()
-            total += len(fmt)
-            taught += sum(flags[k] for k in fmt)
-    return taught, total
+            out["taught"] += sum(flags)
+            out["format_tokens"] += len(fmt)
+            out["format_taught"] += sum(flags[k] for k in fmt)
+    return out
 
 
 def main() -> None:
@@ -62,24 +63,25 @@ def main() -> None:
         groups = [replace(g, origin="peer") for g in groups[: args.groups or None]]
         spans = trainer.policy.token_spans
         out = {"model": args.model, "groups": len(groups)}
-        for name, bound in (("default", settings.format_context_rank), ("before", UNBOUNDED)):
+        for name, bound in (("default", settings.context_rank), ("before", UNBOUNDED)):
             d = Defence(
-                settings.model_copy(update={"format_context_rank": bound}),
+                settings.model_copy(update={"context_rank": bound}),
                 trainer.completion_ranks,
                 lambda *_: None,
                 spans=spans,
             )
-            taught, total = format_taught(d, groups, spans)
-            out[name] = {"format_tokens": total, "taught": taught}
-        out["kept_over_before"] = round(out["default"]["taught"] / out["before"]["taught"], 4)
+            out[name] = taught(d, groups, spans)
+        now, before = out["default"], out["before"]
+        out["taught_over_before"] = round(now["taught"] / before["taught"], 4)
+        out["format_over_before"] = round(now["format_taught"] / before["format_taught"], 4)
         out["above_mean_in_bound"] = in_bound_share(trainer, groups, settings)
     print(json.dumps(out))
 
 
 def in_bound_share(trainer, groups: list, settings) -> float:
     """The share of the groups' above-mean completions whose text before the answer is in
-    ``settings.format_context_rank`` (``format_contexts``, with this node's ranks)."""
-    from sapo_node.intake.defence import answer_tokens, format_contexts
+    ``settings.context_rank`` (``in_context``, with this node's ranks)."""
+    from sapo_node.intake.defence import answer_tokens, in_context
     from sapo_node.samples import Sample
 
     todo = [(g, i) for g in groups for i, up in enumerate(above_mean(g.rewards)) if up]
@@ -93,7 +95,7 @@ def in_bound_share(trainer, groups: list, settings) -> float:
             continue
         n += 1
         answer = answer_tokens(found[0], found[1], len(r))
-        ok += format_contexts(answer, r, settings.format_context_rank)
+        ok += in_context(answer, r, settings.context_rank)
     return round(ok / n, 4) if n else float("nan")
 
 
