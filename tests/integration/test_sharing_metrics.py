@@ -29,7 +29,11 @@ THRESHOLD = 0.999  # tasks.correct_threshold's default: what counts as correct
 KINDS = ("all_wrong", "all_right", "signal")
 
 
-def _node(model_dir: Path, data_dir: Path, seed: int, defence: bool = True, **train) -> Node:
+def _node(
+    model_dir: Path, data_dir: Path, seed: int, defence: bool = True, whole: bool = False, **train
+) -> Node:
+    """A node of the sevens swarm; ``whole``: peers' completions train whole (no
+    ``answer_only``), so that every completion drawn teaches something."""
     overrides = sevens_overrides(
         model_dir,
         data_dir,
@@ -37,7 +41,11 @@ def _node(model_dir: Path, data_dir: Path, seed: int, defence: bool = True, **tr
         generation={"max_new_tokens": 8, "completions_per_task": 8},  # ~half with a 7
         train={"lr": 1e-2, "local_groups": 3, "external_groups": 2, **train},
         pool={"sampling": "uniform"},  # groups without signal are taken too
-        defence={"enabled": defence, "max_author_share": 1.0},  # one peer may fill all J
+        defence={  # one peer may fill all J
+            "enabled": defence,
+            "max_author_share": 1.0,
+            **({"answer_only": False, "teach_first_choices": False} if whole else {}),
+        },
     )
     return build_node(load_config(overrides=overrides, environ={}))
 
@@ -333,10 +341,12 @@ def test_external_completions_trains_k_of_each_peers_group(
     tiny_model_dir: Path, tmp_path: Path, trained: list[list[Group]]
 ) -> None:
     """``train.external_completions``: of each peer's group with signal only k completions
-    train (its own groups whole), and train/sequences says so."""
+    train (its own groups whole), and train/sequences says so. Peers' completions train
+    whole here: one that teaches nothing (a cut completion without an answer, under
+    ``answer_only``) is not trained at all, so it would not count."""
     hub = MemoryHub()
     nodes = [
-        _node(tiny_model_dir, tmp_path / name, seed, external_completions=3)
+        _node(tiny_model_dir, tmp_path / name, seed, whole=True, external_completions=3)
         for name, seed in (("a", 1), ("b", 2))
     ]
     for name, n in zip("ab", nodes, strict=True):
