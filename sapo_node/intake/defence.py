@@ -61,9 +61,9 @@ go through, in order:
    a preamble this node never writes, and whose wrong ones are in this node's own
    format, pushes this node only away from what it writes where it begins (its tags,
    its end of turn, its answers) and towards nothing it would reach: the node loses its
-   format (docs/security.md, shaped groups). A right answer after a payload teaches
-   nothing either, so nothing is pushed up after a payload and never down (which pulls
-   the payload up with it).
+   format (docs/security.md, shaped groups). A right answer after a payload this node
+   would not write teaches nothing either, so nothing is pushed up after a payload and
+   never down (which pulls the payload up with it).
 
 Before any check, text after a peer's last answer is cut (``cut_after_answer``): the
 prompts ask for a direct answer, so it teaches nothing wanted, and a payload placed
@@ -91,7 +91,8 @@ added to for HISTORY_TTL_S is forgotten.
 What this does not stop: text inside the answer tags that this node's verifier scores
 as right (binary rewards need a score of at least 0.999: a payload there fails the
 family's parse, but a lenient custom verifier could pass it); text placed in
-completions below the group's mean, which the node learns to avoid. With a prompt that
+completions below the group's mean, which the node learns to avoid (only as far as
+the group's right answers teach). With a prompt that
 asks for reasoning before the answer, ``answer_only`` would also keep the peers'
 reasoning from teaching: turn it off there and rely on checks 1-3, which do not close
 the in-style class.
