@@ -1,10 +1,14 @@
-"""structlog set-up: pretty lines on a terminal, JSON lines with ``--json-logs``."""
+"""structlog set-up: pretty lines on a terminal, JSON lines with ``--json-logs``; and
+``QuietLog``, for a line that a stranger could make a node write at will."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
+from collections import OrderedDict
+from typing import Any
 
 import structlog
 
@@ -57,3 +61,30 @@ def configure_logging(
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+
+
+class QuietLog:
+    """At most one line per key each ``every_s``; a key's next line says how many it held
+    back. Keys beyond ``limit`` push out the one logged longest ago.
+
+    >>> q = QuietLog(60.0, 2)
+    >>> q.take("a", 0.0), q.take("a", 1.0), q.take("a", 2.0), q.take("a", 60.0)
+    (0, None, None, 2)
+    """
+
+    def __init__(self, every_s: float, limit: int) -> None:
+        self.every_s, self.limit = every_s, limit
+        self.keys: OrderedDict[Any, tuple[float, int]] = OrderedDict()  # when logged, held
+
+    def take(self, key: Any, now: float) -> int | None:
+        """None if a line for ``key`` is held back at ``now``, else how many were held
+        back since its last line."""
+        logged, held = self.keys.get(key, (-math.inf, 0))
+        if now - logged < self.every_s:
+            self.keys[key] = (logged, held + 1)
+            return None
+        self.keys[key] = (now, 0)
+        self.keys.move_to_end(key)
+        while len(self.keys) > self.limit:
+            self.keys.popitem(last=False)
+        return held

@@ -30,7 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sapo_node.config import Config  # noqa: E402
-from sapo_node.intake.defence import Defence, above_mean, format_tokens  # noqa: E402
+from sapo_node.intake.defence import (  # noqa: E402
+    Defence,
+    above_mean,
+    answer_tokens,
+    format_tokens,
+    in_context,
+)
+from sapo_node.samples import Sample  # noqa: E402
 from scripts.support.sample_setup import SAMPLE, trainer_and_groups  # noqa: E402
 
 UNBOUNDED = 10**6  # every context in bound: what a peer's group taught before the rule
@@ -81,9 +88,6 @@ def main() -> None:
 def in_bound_share(trainer, groups: list, settings) -> float:
     """The share of the groups' above-mean completions whose text before the answer is in
     ``settings.context_rank`` (``in_context``, with this node's ranks)."""
-    from sapo_node.intake.defence import answer_tokens, in_context
-    from sapo_node.samples import Sample
-
     todo = [(g, i) for g in groups for i, up in enumerate(above_mean(g.rewards)) if up]
     ranks = trainer.completion_ranks(
         [Sample(g.prompt_ids, g.completion_ids[i], 0.0) for g, i in todo]

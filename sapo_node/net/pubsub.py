@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import time
 import weakref
 from collections import OrderedDict, defaultdict
@@ -30,6 +29,7 @@ from libp2p.pubsub.validators import signature_validator
 
 from sapo_node.intake import peerstate, wire
 from sapo_node.intake.pool import RateLimiter
+from sapo_node.logs import QuietLog
 from sapo_node.net import (
     count_refusal,
     patches,
@@ -97,33 +97,6 @@ def signed_digest(msg: Any) -> bytes:
         h.update(len(part).to_bytes(8, "big"))
         h.update(part)
     return h.digest()
-
-
-class QuietLog:
-    """At most one line per key each ``every_s``; a key's next line says how many it held
-    back. Keys beyond ``limit`` push out the one logged longest ago.
-
-    >>> q = QuietLog(60.0, 2)
-    >>> q.take("a", 0.0), q.take("a", 1.0), q.take("a", 2.0), q.take("a", 60.0)
-    (0, None, None, 2)
-    """
-
-    def __init__(self, every_s: float, limit: int) -> None:
-        self.every_s, self.limit = every_s, limit
-        self.keys: OrderedDict[Any, tuple[float, int]] = OrderedDict()  # when logged, held
-
-    def take(self, key: Any, now: float) -> int | None:
-        """None if a line for ``key`` is held back at ``now``, else how many were held
-        back since its last line."""
-        logged, held = self.keys.get(key, (-math.inf, 0))
-        if now - logged < self.every_s:
-            self.keys[key] = (logged, held + 1)
-            return None
-        self.keys[key] = (now, 0)
-        self.keys.move_to_end(key)
-        while len(self.keys) > self.limit:
-            self.keys.popitem(last=False)
-        return held
 
 
 class SwarmScorer(PeerScorer):

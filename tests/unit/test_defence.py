@@ -613,13 +613,24 @@ def _preamble_ranked(policy, rank: int = 84):
     return ranks
 
 
+def _grpo_steps(d: Defence, trainer: Trainer, prompt: list[int], right: str) -> None:
+    """8 GRPO steps on a peer's group of 4 ``right`` answers and 4 wrong bare ones, each
+    screened by ``d`` first, as a round's intake does."""
+    from sapo_node.groups import training_set
+
+    texts = [right] * 4 + ["<answer>1</answer>"] * 4
+    for _ in range(8):
+        kept, _ = d.screen([], [_group(trainer.policy, prompt, texts, [1] * 4 + [0] * 4)])
+        batch = training_set(kept, "std")
+        trainer.step(batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens)
+
+
 def test_shaped_groups_no_longer_teach_a_node_to_drop_its_format(tmp_path) -> None:
     """The mechanism of the shape-format class, end to end on a tiny policy: GRPO steps on
     groups whose right answers follow a preamble this node would not write and whose wrong
     ones are bare answers in its format. With every context in bound (the rule before),
     the bare format's log-probability falls a lot, more than the same steps on honest
     groups move it; in balance such a group teaches nothing, and it does not fall."""
-    from sapo_node.groups import training_set
     from tests.support.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "m")
@@ -643,13 +654,7 @@ def test_shaped_groups_no_longer_teach_a_node_to_drop_its_format(tmp_path) -> No
             spans=policy.token_spans,
         )
         before = format_logp(policy, trainer, prompt)
-        texts = [right] * 4 + ["<answer>1</answer>"] * 4
-        for _ in range(8):
-            kept, _ = d.screen([], [_group(policy, prompt, texts, [1] * 4 + [0] * 4)])
-            batch = training_set(kept, "std")
-            trainer.step(
-                batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
-            )
+        _grpo_steps(d, trainer, prompt, right)
         return format_logp(policy, trainer, prompt) - before
 
     shaped = FORMAT_PREAMBLE + " " + bare
@@ -760,7 +765,6 @@ def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
     completion trains; once only the answer does, they raise it no more than the same
     steps on clean right answers do (pushing a wrong answer's first tokens down lifts
     every other character of a 100-character vocabulary a little)."""
-    from sapo_node.groups import training_set
     from tests.support.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "m")
@@ -789,13 +793,7 @@ def test_with_answer_only_a_plausible_payload_is_not_learned(tmp_path) -> None:
         right = (
             poison("<answer>7</answer>", payload, position) if position else "<answer>7</answer>"
         )
-        texts = [right] * 4 + ["<answer>1</answer>"] * 4
-        for _ in range(8):
-            kept, _ = d.screen([], [_group(policy, prompt, texts, [1] * 4 + [0] * 4)])
-            batch = training_set(kept, "std")
-            trainer.step(
-                batch.samples, batch_rows=batch.batch_rows, batch_tokens=batch.batch_tokens
-            )
+        _grpo_steps(d, trainer, prompt, right)
         return payload_logp(policy, trainer, prompt) - before
 
     taught, masked, clean = gain(False, "prefix"), gain(True, "prefix"), gain(True, None)

@@ -23,8 +23,9 @@ from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from libp2p.tools.anyio_service import background_trio_service
 
 from sapo_node.intake import wire
+from sapo_node.logs import QuietLog
 from sapo_node.net import patches
-from sapo_node.net.pubsub import REFUSAL_LOG_S, PubsubBehaviour, QuietLog
+from sapo_node.net.pubsub import REFUSAL_LOG_S, PubsubBehaviour
 from sapo_node.net.state import COUNTERS
 from tests.support.rogue import LISTEN, VECTORS, make_gossipsub, make_host, valid_payloads
 
